@@ -1,0 +1,1 @@
+"""Backends: code generation from the checked IR (torch, onnx)."""

@@ -1,0 +1,379 @@
+"""The `fgc` command line: check, params, ir.
+
+Exit codes: 0 success, 1 a problem in a spec, 2 a usage error. A problem in a spec is
+printed as `file:line:col: error: message`, the line, a caret and `help:`; never as a
+Python traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from fractions import Fraction
+
+EXIT_OK, EXIT_SPEC, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # usage errors exit 2 with one line, like argparse
+        self.print_usage(sys.stderr)
+        print(f"fgc: error: {message}", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="fgc", description="A compiler for transformer architectures written "
+                "as boxed definitions (.fgpt).")
+    p.add_argument("--version", action="version", version=_version())
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    c = sub.add_parser("check", help="check shapes, presets and expectations of specs")
+    c.add_argument("files", nargs="+", metavar="FILE")
+    c.add_argument("--format", choices=["text", "json", "github"], default="text")
+    c.add_argument("--strict", action="store_true", help="treat warnings as errors")
+
+    q = sub.add_parser("params", help="count parameters exactly, with the closed formula")
+    q.add_argument("file", metavar="FILE")
+    _config_args(q)
+    q.add_argument("--format", choices=["text", "json"], default="text")
+    q.add_argument("--by-module", action="store_true", help="break the count down by module")
+
+    r = sub.add_parser("ir", help="print the elaborated IR")
+    r.add_argument("file", metavar="FILE")
+    _config_args(r)
+    r.add_argument("--symbolic", action="store_true",
+                   help="keep hyperparameters symbolic (the default without --preset/--set)")
+    return p
+
+
+def _config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--preset", metavar="P", help="a preset defined in the spec")
+    p.add_argument("--set", metavar="K=V", action="append", default=[],
+                   help="override one hyperparameter (repeatable)")
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+        return "fgc " + version("fgc")
+    except Exception:  # noqa: BLE001 - not installed as a distribution
+        return "fgc (development)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
+    args = build_parser().parse_args(argv)
+    try:
+        return {"check": cmd_check, "params": cmd_params, "ir": cmd_ir}[args.command](args)
+    except BrokenPipeError:
+        return EXIT_OK
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:  # noqa: BLE001 - the last line of defence against a traceback
+        print(f"fgc: internal error: {type(e).__name__}: {e}", file=sys.stderr)
+        print("fgc: this is a bug in fgc, not in your spec; please report it", file=sys.stderr)
+        if os.environ.get("FGC_DEBUG"):
+            raise
+        return EXIT_INTERNAL
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _color() -> bool:
+    return sys.stderr.isatty() and not os.environ.get("NO_COLOR")
+
+
+def _print_diagnostics(diags, sources, stream=None) -> None:
+    from .errors import render
+    stream = stream or sys.stderr
+    color = _color() and stream is sys.stderr
+    for d in diags:
+        text = render(d, sources)
+        if color:
+            tint = "\033[1;31m" if d.severity == "error" else "\033[1;33m"
+            text = text.replace(f"{d.severity}:", f"{tint}{d.severity}:\033[0m", 1)
+        print(text, file=stream)
+
+
+def _load(path: str):
+    """(spec, None) or (None, exit code) with the diagnostics printed."""
+    from .errors import FgcError, Sources
+    from .pipeline import load
+    try:
+        return load(path), None
+    except FgcError as e:
+        _print_diagnostics(e.diagnostics, getattr(e, "sources", Sources()))
+        return None, EXIT_SPEC
+
+
+def _sets(items: list[str]) -> dict[str, Fraction | float]:
+    from .pipeline import parse_set
+    out = {}
+    for item in items:
+        try:
+            name, value = parse_set(item)
+        except ValueError as e:
+            raise _Usage(str(e)) from None
+        out[name] = value
+    return out
+
+
+class _Usage(Exception):
+    pass
+
+
+def _configure(spec, args):
+    """The configuration the command line asks for: (config, None) or (None, exit code)."""
+    from .errors import FgcError
+    if not spec.file.models:
+        print(f"fgc: {spec.path} defines modules but no model", file=sys.stderr)
+        return None, EXIT_SPEC
+    try:
+        sets = _sets(args.set)
+    except _Usage as e:
+        print(f"fgc: error: {e}", file=sys.stderr)
+        return None, EXIT_USAGE
+    names = {h.name for h in spec.model.hypers}
+    unknown = [k for k in sets if k not in names]
+    if unknown:
+        print(f"fgc: error: --set {unknown[0]}: `{spec.model.name}` has no hyperparameter "
+              f"`{unknown[0]}` (it has {', '.join(sorted(names)) or 'none'})", file=sys.stderr)
+        return None, EXIT_USAGE
+    preset = args.preset
+    if preset is None and not sets:
+        preset = spec.default_preset()
+    if preset is not None and preset not in spec.presets():
+        avail = ", ".join(spec.presets()) or "none"
+        print(f"fgc: error: `{spec.model.name}` has no preset `{preset}` (presets: {avail})",
+              file=sys.stderr)
+        return None, EXIT_USAGE
+    try:
+        return spec.configure(preset, sets), None
+    except FgcError as e:
+        _print_diagnostics(e.diagnostics, spec.sources)
+        return None, EXIT_SPEC
+
+
+# ---------------------------------------------------------------- fgc check
+
+
+def cmd_check(args) -> int:
+    from .errors import FgcError, Sources
+    from .pipeline import load
+    results = []
+    worst = EXIT_OK
+    for path in _expand_paths(args.files):
+        sources = Sources()
+        try:
+            spec = load(path)
+            sources = spec.sources
+            errors, warnings = spec.check()
+        except FgcError as e:
+            errors, warnings = e.diagnostics, []
+            sources = getattr(e, "sources", sources)
+        failed = bool(errors) or (args.strict and bool(warnings))
+        if failed:
+            worst = EXIT_SPEC
+        results.append((path, errors, warnings, sources, failed))
+    if args.format == "json":
+        out = {"ok": worst == EXIT_OK, "files": [
+            {"file": path, "ok": not failed,
+             "diagnostics": [d.as_dict() for d in errors + warnings]}
+            for path, errors, warnings, _, failed in results]}
+        print(json.dumps(out, indent=2))
+    elif args.format == "github":
+        for path, errors, warnings, _, _ in results:
+            for d in errors + warnings:
+                kind = "error" if d.severity == "error" or args.strict else "warning"
+                loc = ""
+                if d.span is not None:
+                    loc = f" file={d.span.file},line={d.span.line},col={d.span.column}"
+                msg = d.message + (f" (help: {d.hint})" if d.hint else "")
+                msg = msg.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+                print(f"::{kind}{loc}::{msg}")
+    else:
+        for path, errors, warnings, sources, failed in results:
+            _print_diagnostics(errors + warnings, sources)
+            if not failed:
+                note = f", {len(warnings)} warning{'s' * (len(warnings) != 1)}" if warnings else ""
+                print(f"{path}: ok{note}")
+    return worst
+
+
+def _expand_paths(paths: list[str]) -> list[str]:
+    """Directories stand for every .fgpt file below them, in sorted order."""
+    from pathlib import Path
+    out = []
+    for p in paths:
+        if Path(p).is_dir():
+            out.extend(sorted(str(f) for f in Path(p).rglob("*.fgpt")))
+        else:
+            out.append(p)
+    return out
+
+
+# ---------------------------------------------------------------- fgc params
+
+
+def cmd_params(args) -> int:
+    spec, code = _load(args.file)
+    if spec is None:
+        return code
+    cfg, code = _configure(spec, args)
+    if cfg is None:
+        return code
+    from .errors import FgcError
+    try:
+        sym = spec.symbolic()
+    except FgcError as e:
+        _print_diagnostics(e.diagnostics, spec.sources)
+        return EXIT_SPEC
+    _print_diagnostics(cfg.warnings, spec.sources)
+    report = params_report(spec, cfg, sym)
+    if args.format == "json":
+        print(json.dumps(report, indent=2))
+    else:
+        print(format_params_text(report, args.by_module))
+    return EXIT_OK
+
+
+def params_report(spec, cfg, sym) -> dict:
+    """Everything `fgc params` says, as plain data (the JSON output)."""
+    from .params import as_int, formula, per_module
+    from .symbolic import format_poly
+    hypers = sym.hypers
+    sym_total = sym.count.total()
+    expanded = hypers.expand(sym_total)
+    sym_rows = {name: (per, copies) for name, per, copies in per_module(sym.count)}
+    sym_entries = {(e.path, e.name): e for e in sym.count.entries}
+    modules = []
+    for name, per, copies in per_module(cfg.count):
+        s = sym_rows.get(name)
+        entry = next(e for e in cfg.count.entries if (e.path[0] if e.path else e.name) == name)
+        modules.append({
+            "name": name,
+            "module": entry.path and _module_of(cfg, name) or "parameter",
+            "per_copy": as_int(per), "copies": as_int(copies), "total": as_int(per * copies),
+            "formula": format_poly(s[0]) if s else None,
+            "copies_formula": format_poly(s[1]) if s else None,
+        })
+    params = []
+    for e in cfg.count.entries:
+        s = sym_entries.get((e.path, e.name))
+        params.append({
+            "path": ".".join(e.path + (e.name,)), "declared": e.declared,
+            "shape": [as_int(d) for d in e.shape],
+            "shape_symbolic": [format_poly(d) for d in s.shape] if s else None,
+            "family": as_int(e.family) if e.family is not None else None,
+            "per_copy": as_int(e.per_use), "copies": as_int(e.copies),
+            "total": as_int(e.total), "shared": e.shared,
+        })
+    values = {}
+    order = [h.name for h in spec.model.hypers]
+    for k, v in sorted(cfg.values.items(), key=lambda kv: order.index(kv[0])
+                       if kv[0] in order else len(order)):
+        values[k] = (int(v.const_value()) if v.const_value().denominator == 1
+                     else float(v.const_value())) if hasattr(v, "const_value") else v
+    derived = {k: format_poly(v) for k, v in hypers.derived.items()}
+    return {
+        "file": spec.path, "model": cfg.model.name, "preset": cfg.name,
+        "hyperparameters": values,
+        "total": cfg.total,
+        "formula": formula(sym.count),
+        "formula_expanded": format_poly(expanded) if expanded != sym_total else None,
+        "derived": derived,
+        "tied": [{"param": k, "used_in": v} for k, v in sorted(cfg.count.tied.items())],
+        "modules": modules,
+        "params": params,
+    }
+
+
+def _module_of(cfg, instance: str) -> str:
+    from . import ir
+    for item in cfg.model.body:
+        eqns = item.body if isinstance(item, ir.Loop) else [item]
+        for e in eqns:
+            if e.op == "call" and e.attrs.get("instance") == instance:
+                return e.attrs["module"]
+    return "?"
+
+
+def format_params_text(r: dict, by_module: bool) -> str:
+    from .symbolic import human
+    lines = []
+    where = f"preset {r['preset']}" if r["preset"] not in ("defaults",) else "defaults"
+    lines.append(f"{r['model']}  ({r['file']}, {where})")
+    hv = "  ".join(f"{k}={_num(v)}" for k, v in r["hyperparameters"].items())
+    lines.append(f"  {hv}")
+    lines.append("")
+    if by_module:
+        header = ("name", "module", "per copy", "copies", "total", "formula")
+        rows = [header]
+        for m in r["modules"]:
+            rows.append((m["name"], m["module"], f"{m['per_copy']:,}", f"{m['copies']:,}",
+                         f"{m['total']:,}", m["formula"] or ""))
+            for p in r["params"]:
+                head = p["path"].split(".")[0]
+                if head == m["name"] and "." in p["path"]:
+                    shape = "×".join(str(d) for d in p["shape"])
+                    if p["family"]:
+                        shape = f"{p['family']}×[{shape}]"
+                    rows.append(("  " + p["path"].split(".", 1)[1], shape, f"{p['per_copy']:,}",
+                                 "", "", ""))
+        rows.append(("total", "", "", "", f"{r['total']:,}", ""))
+        widths = [max(len(row[k]) for row in rows) for k in range(len(header))]
+        right = {2, 3, 4}
+        for row in rows:
+            cells = [c.rjust(widths[k]) if k in right else c.ljust(widths[k])
+                     for k, c in enumerate(row)]
+            lines.append("  ".join(cells).rstrip())
+        lines.append("")
+    lines.append(f"total    {r['total']:,}  ({human(r['total'])})")
+    lines.append(f"formula  {r['formula']}")
+    if r["formula_expanded"]:
+        derived = ", ".join(f"{k} = {v}" for k, v in r["derived"].items())
+        lines.append(f"         = {r['formula_expanded']}   (with {derived})")
+    for t in r["tied"]:
+        lines.append(f"tied     {t['param']} is used in {' and '.join(t['used_in'])}; "
+                     "counted once")
+    return "\n".join(lines)
+
+
+def _num(v) -> str:
+    if isinstance(v, int):
+        return f"{v:,}" if abs(v) >= 10_000 else str(v)
+    return repr(v)
+
+
+# ---------------------------------------------------------------- fgc ir
+
+
+def cmd_ir(args) -> int:
+    from .errors import FgcError
+    from .printer import format_model
+    spec, code = _load(args.file)
+    if spec is None:
+        return code
+    if not spec.file.models:
+        print(f"fgc: {spec.path} defines modules but no model", file=sys.stderr)
+        return EXIT_SPEC
+    if args.symbolic or (args.preset is None and not args.set):
+        try:
+            cfg = spec.symbolic()
+        except FgcError as e:
+            _print_diagnostics(e.diagnostics, spec.sources)
+            return EXIT_SPEC
+    else:
+        cfg, code = _configure(spec, args)
+        if cfg is None:
+            return code
+    cfg.model.hypers = spec.symbolic().model.hypers if not cfg.model.hypers else cfg.model.hypers
+    print(format_model(cfg.model, cfg.functions), end="")
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

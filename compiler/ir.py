@@ -1,0 +1,213 @@
+"""The IR: flat, typed equations over named values, grouped into functions and models.
+
+A `Function` is one module of the standard library or of a spec; a `Model` is a spec's
+model box with its prologue (the embedding), its layer loop and its epilogue (the
+output). Every equation is `outs = op(ins; attrs)` with the span it came from. Types
+carry symbolic dimensions (`compiler.symbolic.Poly`), so the same IR prints with
+hyperparameters left symbolic or with a preset's values.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .errors import Span
+from .symbolic import Poly, format_poly
+
+
+class _Base(BaseModel):
+    model_config = ConfigDict(arbitrary_types_allowed=True, frozen=False)
+
+
+class Ell:
+    """A run of leading dimensions of unknown rank (`...` in a signature)."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Ell) and other.name == self.name
+
+    def __hash__(self) -> int:
+        return hash(("Ell", self.name))
+
+    def __repr__(self) -> str:
+        return f"Ell({self.name})"
+
+
+Dim = Poly | Ell
+
+
+class TensorType(_Base):
+    """A real, integer or boolean tensor; integers may carry their range `lo..hi`."""
+
+    dtype: Literal["real", "int", "bool"] = "real"
+    shape: tuple[Any, ...] = ()  # Dim
+    lo: Any = None  # Poly | None
+    hi: Any = None
+    perm: bool = False  # a permutation of lo..hi
+    family: Any = None  # Poly: number of members when the value is an indexed family
+
+    def member(self) -> "TensorType":
+        return self.model_copy(update={"family": None})
+
+    def with_shape(self, shape: tuple) -> "TensorType":
+        return self.model_copy(update={"shape": tuple(shape)})
+
+    def rank_known(self) -> bool:
+        return not any(isinstance(d, Ell) for d in self.shape)
+
+    def __str__(self) -> str:
+        return format_type(self)
+
+
+def format_dim(d: Any) -> str:
+    if isinstance(d, Ell):
+        return "..."
+    text = format_poly(d)
+    return text
+
+
+def format_type(t: TensorType) -> str:
+    dims = ", ".join(format_dim(d) for d in t.shape)
+    if t.perm:
+        base = f"Perm[{format_dim(t.hi)}]"
+    elif t.dtype == "int":
+        rng = f"{{{format_dim(t.lo)}..{format_dim(t.hi)}}}" if t.lo is not None else "Z"
+        base = rng + (f"^({dims})" if len(t.shape) > 1 else f"^{dims}" if t.shape else "")
+    elif t.dtype == "bool":
+        base = f"B[{dims}]"
+    else:
+        base = f"R[{dims}]"
+    if t.family is not None:
+        base += f" for 1..{format_dim(t.family)}"
+    return base
+
+
+class Value(_Base):
+    name: str
+    type: TensorType
+
+
+class Operand(_Base):
+    """A value by name, a constant, or one member (or all members) of a family."""
+
+    name: str | None = None
+    const: Any = None  # Poly (exact) or float
+    member: Any = None  # Poly index of a family member, or the name of a family index
+    whole_family: bool = False
+
+    def __str__(self) -> str:
+        if self.name is None:
+            c = self.const
+            return format_poly(c) if isinstance(c, Poly) else repr(c)
+        if self.whole_family:
+            return f"{self.name}[*]"
+        if self.member is not None:
+            m = self.member if isinstance(self.member, str) else format_poly(self.member)
+            return f"{self.name}[{m}]"
+        return self.name
+
+
+class Guard(_Base):
+    """A static condition on the layer index under which an equation exists."""
+
+    text: str  # as written, e.g. "l is even"
+    positive: bool = True
+
+    def __str__(self) -> str:
+        return self.text if self.positive else f"not ({self.text})"
+
+
+class Eqn(_Base):
+    outs: list[Value]
+    op: str
+    ins: list[Operand]
+    attrs: dict[str, Any] = Field(default_factory=dict)
+    family: tuple[str, Any] | None = None  # mapped over (index, size)
+    guards: list[Guard] = Field(default_factory=list)
+    span: Span | None = None
+
+
+class Param(_Base):
+    name: str  # family members share one name: "W^Q" declared as W_i^Q
+    type: TensorType  # .family set for indexed families
+    span: Span | None = None
+    declared: str = ""  # the name as written
+
+
+class Hyper(_Base):
+    name: str
+    default: Any = None  # Poly | float | None
+    span: Span | None = None
+    text: str = ""  # the default as written
+
+
+class Function(_Base):
+    name: str
+    hypers: list[Hyper]
+    inputs: list[Value]
+    params: list[Param]
+    eqns: list[Eqn]
+    outputs: list[Value]
+    span: Span | None = None
+    builtin: bool = False  # from the standard library
+
+
+class Carried(_Base):
+    """A value threaded through the layers: X^(0) before, X^(l-1) -> X^(l) inside."""
+
+    name: str
+    init: str  # value name holding X^(0)
+    inner: str  # value name of X^(l-1) inside the body
+    result: str  # value name of X^(l) at the end of the body
+
+
+class Loop(_Base):
+    var: str
+    lo: Any
+    hi: Any
+    body: list[Eqn]
+    carried: list[Carried]
+    shared: list[str] = Field(default_factory=list)
+    results: list[str] = Field(default_factory=list)  # X^(l) visible as X^(L) afterwards
+    span: Span | None = None
+
+
+class Expectation(_Base):
+    op: Literal["==", "~"]
+    value: Any  # Poly
+    text: str
+    span: Span | None = None
+    preset: str | None = None
+
+
+class Preset(_Base):
+    name: str
+    values: dict[str, Any]
+    texts: dict[str, str] = Field(default_factory=dict)
+    spans: dict[str, Span] = Field(default_factory=dict)
+    span: Span | None = None
+
+
+class Model(_Base):
+    name: str
+    hypers: list[Hyper] = Field(default_factory=list)
+    presets: list[Preset] = Field(default_factory=list)
+    inputs: list[Value]
+    params: list[Param]
+    body: list[Eqn | Loop]  # equations before the layers are the embedding
+    outputs: list[Value]
+    expectations: list[Expectation] = Field(default_factory=list)
+    param_uses: dict[str, list[str]] = Field(default_factory=dict)  # param -> sections
+    span: Span | None = None
+
+
+class Program(_Base):
+    file: str
+    functions: dict[str, Function]
+    models: list[Model]

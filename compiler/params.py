@@ -1,0 +1,198 @@
+"""Parameter counting: exact integers per preset and the closed formula, no tensors.
+
+Counting walks the elaborated IR. Each declared parameter counts once (so a weight used
+in the embedding and again in the output, like W_e, is tied and counted once); each
+module use counts its module's parameters, instantiated with the use's bindings, once
+per layer unless shared, and only in the layers whose conditions hold.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+from . import ir
+from .ir import Eqn
+from .shapes import guard_holds
+from .symbolic import Atom, Poly, format_poly
+
+
+@dataclass
+class Entry:
+    """One parameter tensor (or indexed family) of one module instance."""
+
+    path: tuple[str, ...]  # instance path, e.g. ("MH",) or () for the model's own
+    name: str  # "W^Q"
+    declared: str  # "W_i^Q"
+    shape: tuple[Poly, ...]
+    family: Poly | None
+    per_use: Poly  # elements in one copy
+    copies: Poly  # layers (or 1)
+    in_layers: bool
+    shared: bool
+    guards: list[ir.Guard] = field(default_factory=list)
+    span: object = None
+
+    @property
+    def total(self) -> Poly:
+        return self.per_use * self.copies
+
+    @property
+    def qualified(self) -> str:
+        return ".".join(self.path + (self.name,))
+
+
+@dataclass
+class Count:
+    entries: list[Entry]
+    tied: dict[str, list[str]]  # model parameter -> sections using it
+
+    def total(self) -> Poly:
+        out = Poly()
+        for e in self.entries:
+            out = out + e.total
+        return out
+
+
+def _numel(shape: tuple, family) -> Poly:
+    out = Poly.const(1) if family is None else family
+    for d in shape:
+        out = out * d
+    return out
+
+
+def count(model: ir.Model, functions: dict[str, ir.Function], layer_env: dict | None) -> Count:
+    """Count the parameters of an elaborated model.
+
+    `layer_env` holds the numeric hyperparameters when counting a preset (guards are then
+    evaluated layer by layer); None counts symbolically."""
+    entries: list[Entry] = []
+    for p in model.params:
+        entries.append(Entry((), p.name, p.declared, tuple(p.type.shape), p.type.family,
+                             _numel(p.type.shape, p.type.family), Poly.const(1), False, False,
+                             span=p.span))
+    for item in model.body:
+        if isinstance(item, ir.Loop):
+            _count_block(item.body, functions, entries, item, layer_env)
+        else:
+            _count_block([item], functions, entries, None, layer_env)
+    tied = {name: sections for name, sections in model.param_uses.items() if len(sections) > 1}
+    return Count(entries, tied)
+
+
+def _count_block(eqns: list[Eqn], functions, entries: list[Entry], loop: ir.Loop | None,
+                 layer_env: dict | None) -> None:
+    seen: set[str] = set()
+    for e in eqns:
+        if e.op != "call":
+            continue
+        inst = e.attrs["instance"]
+        if inst in seen:  # a label used twice is one instance
+            continue
+        seen.add(inst)
+        shared = loop is not None and inst in loop.shared
+        if loop is None or shared:
+            copies = Poly.const(1)
+        else:
+            copies = _layers_where(loop, e.guards, layer_env)
+        if e.family is not None:
+            copies = copies * e.family[1]
+        _instance(functions, e.attrs["module"], e.attrs["bindings"], (inst,), copies,
+                  loop is not None, shared, e.guards, entries)
+
+
+def _instance(functions, module: str, bindings: dict, path: tuple[str, ...], copies: Poly,
+              in_layers: bool, shared: bool, guards, entries: list[Entry]) -> None:
+    fn = functions[module]
+    env = {k: v for k, v in bindings.items() if isinstance(v, Poly)}
+    for p in fn.params:
+        shape = tuple(d.subs(env) for d in p.type.shape)
+        family = p.type.family.subs(env) if p.type.family is not None else None
+        entries.append(Entry(path, p.name, p.declared, shape, family, _numel(shape, family),
+                             copies, in_layers, shared, list(guards), p.span))
+    seen: set[str] = set()
+    for e in fn.eqns:
+        if e.op != "call" or e.attrs["instance"] in seen:
+            continue
+        seen.add(e.attrs["instance"])
+        inner = {k: (v.subs(env) if isinstance(v, Poly) else v)
+                 for k, v in e.attrs["bindings"].items()}
+        inner_copies = copies
+        if e.family is not None:
+            inner_copies = copies * e.family[1].subs(env)
+        _instance(functions, e.attrs["module"], inner, path + (e.attrs["instance"],),
+                  inner_copies, in_layers, shared, guards, entries)
+
+
+def _layers_where(loop: ir.Loop, guards: list[ir.Guard], layer_env: dict | None) -> Poly:
+    hi = loop.hi
+    if not guards:
+        return hi
+    if layer_env is not None and hi.is_const():
+        n = int(hi.const_value())
+        hits = 0
+        for layer in range(1, n + 1):
+            env = dict(layer_env)
+            env[loop.var] = Fraction(layer)
+            if all(guard_holds(g, env) for g in guards):
+                hits += 1
+        return Poly.const(hits)
+    if len(guards) == 1 and guards[0].text in (f"{loop.var} is even", f"{loop.var} is odd"):
+        even = guards[0].text.endswith("even") == guards[0].positive
+        if even:
+            return Poly.apply("floor", hi / 2)
+        return Poly.apply("ceil", hi / 2)
+    text = " and ".join(str(g) for g in guards)
+    return Poly.sym(f"#{{{loop.var} in 1..{format_poly(hi)}: {text}}}")
+
+
+# ---------------------------------------------------------------- the formula
+
+
+def formula(c: Count) -> str:
+    """The count grouped the way a paper writes it: `V*H + n*H + L*(...)`."""
+    groups: dict[Poly, Poly] = {}
+    order: list[Poly] = []
+    for e in c.entries:
+        key = e.copies
+        if key not in groups:
+            groups[key] = Poly()
+            order.append(key)
+        groups[key] = groups[key] + e.per_use
+    parts = []
+    one = Poly.const(1)
+    for key in sorted(order, key=lambda k: (k != one, str(k))):
+        inner = groups[key]
+        if key == one:
+            parts.append(format_poly(inner))
+        elif len(inner.terms) == 1 and next(iter(inner.terms.values())) == 1:
+            parts.append(f"{_factor(key)}*{format_poly(inner)}")
+        else:
+            parts.append(f"{_factor(key)}*({format_poly(inner)})")
+    return " + ".join(p for p in parts if p != "0") or "0"
+
+
+def _factor(p: Poly) -> str:
+    text = format_poly(p)
+    return text if len(p.terms) == 1 and "+" not in text else f"({text})"
+
+
+def per_module(c: Count) -> list[tuple[str, Poly, Poly]]:
+    """(instance or parameter, elements per copy, copies), in order of first appearance."""
+    rows: dict[str, list] = {}
+    for e in c.entries:
+        key = e.path[0] if e.path else e.name
+        if key not in rows:
+            rows[key] = [Poly(), e.copies]
+        rows[key][0] = rows[key][0] + e.per_use
+    return [(k, v[0], v[1]) for k, v in rows.items()]
+
+
+def as_int(p: Poly) -> int:
+    v = p.const_value()
+    if v.denominator != 1:
+        raise ValueError(f"non-integer count {v}")
+    return v.numerator
+
+
+__all__ = ["Count", "Entry", "count", "formula", "per_module", "as_int", "Atom"]

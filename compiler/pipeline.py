@@ -1,0 +1,474 @@
+"""The front half as one call: read, parse, elaborate (symbolically and per preset), count.
+
+`load(path)` gives a `Spec`; `spec.check()` runs every check `fgc check` runs;
+`spec.configure(preset, sets)` gives one concrete configuration with its exact count.
+Nothing here imports torch or onnx.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from fractions import Fraction
+from pathlib import Path
+
+from . import ir
+from . import syntax as S
+from .errors import Diagnostic, FgcError, Sources, Span
+from .params import Count, as_int, count, formula
+from .parse import parse_number, parse_text
+from .shapes import Elaborator, Hypers, ModelElaborator, Statics, _show_expr
+from .symbolic import Poly, format_int, format_poly, human
+
+STDLIB = Path(__file__).parent / "stdlib" / "stdlib.fgpt"
+MAX_FILE_BYTES = 8 * 1024 * 1024
+
+
+@functools.lru_cache(maxsize=1)
+def _stdlib() -> tuple[str, S.File]:
+    text = STDLIB.read_text(encoding="utf-8")
+    return text, parse_text(text, "stdlib.fgpt")
+
+
+def read_source(path: str) -> str:
+    """Read a spec as UTF-8, or fail with a located diagnostic."""
+    p = Path(path)
+    try:
+        if p.is_dir():
+            raise FgcError(f"{path} is a directory", None)
+        size = p.stat().st_size
+        if size > MAX_FILE_BYTES:
+            raise FgcError(f"{path} is {size:,} bytes; specs are limited to "
+                           f"{MAX_FILE_BYTES:,}", Span(path, 1, 1))
+        data = p.read_bytes()
+    except FgcError:
+        raise
+    except OSError as e:
+        raise FgcError(f"cannot read {path}: {e.strerror or e}", None) from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        before = data[: e.start]
+        line = before.count(b"\n") + 1
+        col = len(before) - (before.rfind(b"\n") + 1) + 1
+        raise FgcError(f"invalid UTF-8 byte 0x{data[e.start]:02x}", Span(path, line, col),
+                       "specs are UTF-8 text") from None
+
+
+@dataclass
+class Config:
+    """One concrete configuration of a model: its hyperparameters, IR and count."""
+
+    name: str  # preset name, "defaults" or "symbolic"
+    values: dict[str, Poly | float]
+    model: ir.Model
+    count: Count
+    warnings: list[Diagnostic] = field(default_factory=list)
+
+    @property
+    def total(self) -> int:
+        return as_int(self.count.total())
+
+
+@dataclass
+class Spec:
+    path: str
+    sources: Sources
+    file: S.File
+    modules: dict[str, S.Module]
+
+    @property
+    def model(self) -> S.Model:
+        return self.file.models[0]
+
+    # ------------------------------------------------------------ hyperparameters
+    def _classify(self, m: S.Model):
+        free: dict[str, S.HyperDecl] = {}
+        derived: dict[str, S.HyperDecl] = {}
+        seen: set[str] = set()
+        for h in m.hypers:
+            if h.name in seen:
+                raise FgcError(f"hyperparameter `{h.name}` is declared twice", h.span)
+            seen.add(h.name)
+            if h.default is None or _is_literal(h.default):
+                free[h.name] = h
+            else:
+                derived[h.name] = h
+        return free, derived
+
+    def symbolic_hypers(self, m: S.Model) -> Hypers:
+        free, derived = self._classify(m)
+        values: dict[str, Poly | float] = {}
+        for name, h in free.items():
+            lit = _literal(h.default) if h.default is not None else None
+            values[name] = lit if isinstance(lit, float) else Poly.sym(name)
+        defs: dict[str, Poly] = {}
+        for name, h in derived.items():
+            values[name] = Poly.sym(name)
+        statics = Statics(values, self.path)
+        for name, h in derived.items():
+            v = statics.eval(h.default)
+            if isinstance(v, Poly):
+                if name in v.symbols():
+                    raise FgcError(f"hyperparameter `{name}` is defined in terms of itself",
+                                   h.span)
+                defs[name] = v
+            else:
+                values[name] = v
+        _check_acyclic(defs, derived)
+        return Hypers(values=values, derived=defs)
+
+    def numeric_hypers(self, m: S.Model, preset: S.Preset | None,
+                       sets: dict[str, Fraction | float], label: str) -> tuple[Hypers, list[Diagnostic]]:
+        free, derived = self._classify(m)
+        warnings: list[Diagnostic] = []
+        given: dict[str, Poly | float] = {}
+        spans: dict[str, Span] = {}
+        for name, h in free.items():
+            if h.default is not None:
+                given[name] = _literal(h.default)
+        if preset is not None:
+            statics = Statics({}, self.path)
+            for name, expr, span in preset.assigns:
+                if name not in free and name not in derived:
+                    raise FgcError(f"preset `{preset.name}` sets `{name}`, which is not a "
+                                   "hyperparameter", span,
+                                   _suggest_names(name, list(free) + list(derived)))
+                if name in given and name in {a[0] for a in preset.assigns[
+                        :preset.assigns.index((name, expr, span))]}:
+                    raise FgcError(f"preset `{preset.name}` sets `{name}` twice", span)
+                given[name] = _as_value(statics.eval(expr, dict(given)))
+                spans[name] = span
+        for name, value in sets.items():
+            given[name] = Poly.const(value) if isinstance(value, Fraction) else value
+        values: dict[str, Poly | float] = dict(given)
+        # derived values, in dependency order; an explicit value wins but is compared
+        pending = dict(derived)
+        for _ in range(len(pending) + 1):
+            progressed = False
+            for name, h in list(pending.items()):
+                try:
+                    v = Statics({k: values[k] for k in values}, self.path).eval(h.default)
+                except FgcError:
+                    continue
+                if isinstance(v, Poly) and not v.is_const():
+                    continue
+                del pending[name]
+                progressed = True
+                if name in given:
+                    if _differs(given[name], v):
+                        warnings.append(Diagnostic(
+                            "warning",
+                            f"{label} sets {name} = {_show(given[name])}, but {name} = "
+                            f"{_show_expr(h.default)} gives {_show(v)}",
+                            spans.get(name, h.span),
+                            "the explicit value is used"))
+                else:
+                    values[name] = v
+            if not progressed:
+                break
+        missing = [h for h in m.hypers if h.name not in values]
+        if missing:
+            where = preset.span if preset is not None else m.span
+            names = ", ".join(h.name for h in missing)
+            raise FgcError(f"{label} leaves {names} without a value", where,
+                           "set it in the preset, give it a default, or pass --set "
+                           f"{missing[0].name}=...")
+        for name, v in values.items():
+            if isinstance(v, Poly):
+                c = v.const_value()
+                if abs(c) > 2**62:
+                    raise FgcError(f"{name} = {c} is absurdly large",
+                                   spans.get(name) or _decl_span(m, name))
+        return Hypers(values=values, numeric=True, preset=label), warnings
+
+    # ------------------------------------------------------------ elaboration
+    def elaborate(self, hypers: Hypers) -> tuple[ir.Model, Elaborator]:
+        top = Elaborator(self.modules, self.path)
+        model = ModelElaborator(top, self.model, hypers).run()
+        if top.diagnostics:
+            raise FgcError.many(_dedupe(top.diagnostics))
+        return model, top
+
+    def check_modules(self) -> list[Diagnostic]:
+        """Check every module the file itself defines, used or not."""
+        top = Elaborator(self.modules, self.path)
+        diags: list[Diagnostic] = []
+        for mod in self.file.modules:
+            try:
+                top.function(mod.name, mod.span)
+            except FgcError as e:
+                diags.extend(e.diagnostics)
+            top.diagnostics = []
+        return _dedupe(diags)
+
+    def symbolic(self) -> Config:
+        hypers = self.symbolic_hypers(self.model)
+        model, top = self.elaborate(hypers)
+        c = count(model, top.functions, None)
+        model.hypers = [ir.Hyper(name=h.name, span=h.span,
+                                 default=hypers.derived.get(h.name), text=_show_expr(h.default)
+                                 if h.default is not None else "") for h in self.model.hypers]
+        cfg = Config("symbolic", hypers.values, model, c)
+        cfg.hypers = hypers  # type: ignore[attr-defined]
+        cfg.functions = top.functions  # type: ignore[attr-defined]
+        return cfg
+
+    def presets(self) -> list[str]:
+        return [p.name for p in self.model.presets]
+
+    def configure(self, preset: str | None = None,
+                  sets: dict[str, Fraction | float] | None = None) -> Config:
+        """Elaborate and count one configuration; raises FgcError on any problem."""
+        m = self.model
+        p = None
+        if preset is not None:
+            p = next((x for x in m.presets if x.name == preset), None)
+            if p is None:
+                raise LookupError(preset)
+        label = f"preset `{preset}`" if preset else "the defaults"
+        hypers, warnings = self.numeric_hypers(m, p, sets or {}, label)
+        model, top = self.elaborate(hypers)
+        env = {k: v.const_value() for k, v in hypers.values.items() if isinstance(v, Poly)}
+        c = count(model, top.functions, env)
+        cfg = Config(preset or "defaults", hypers.values, model, c, warnings)
+        cfg.functions = top.functions  # type: ignore[attr-defined]
+        return cfg
+
+    def default_preset(self) -> str | None:
+        """The configuration `fgc params` uses without --preset: the defaults when every
+        hyperparameter has one, else the first preset."""
+        free, derived = self._classify(self.model)
+        if all(h.default is not None for h in free.values()) or not self.model.presets:
+            return None
+        return self.model.presets[0].name
+
+    # ------------------------------------------------------------ everything `fgc check` does
+    def check(self) -> tuple[list[Diagnostic], list[Diagnostic]]:
+        """(errors, warnings) over the symbolic pass, every preset and every expectation."""
+        errors: list[Diagnostic] = []
+        warnings: list[Diagnostic] = []
+        errors.extend(self.check_modules())
+        if errors:
+            return errors, warnings
+        if not self.file.models:
+            return errors, warnings
+        if len(self.file.models) > 1:
+            errors.append(Diagnostic("error", "a file holds one model",
+                                     self.file.models[1].span,
+                                     "put each model in its own file"))
+            return errors, warnings
+        try:
+            sym = self.symbolic()
+        except FgcError as e:
+            return errors + e.diagnostics, warnings
+        total = sym.count.total()
+        hypers: Hypers = sym.hypers  # type: ignore[attr-defined]
+        configs: list[tuple[str | None, S.Preset | None]] = [(p.name, p) for p in
+                                                             self.model.presets]
+        free, _ = self._classify(self.model)
+        if all(h.default is not None for h in free.values()):
+            configs.insert(0, (None, None))
+        for exp in self.model.expects:
+            try:
+                value = Statics(hypers.values, self.path).eval(exp.value)
+            except FgcError as e:
+                errors.extend(e.diagnostics)
+                continue
+            if isinstance(value, Poly) and not value.is_const():
+                if exp.op == "~":
+                    errors.append(Diagnostic("error", "`~` compares with a number, like 125M",
+                                             exp.span))
+                elif not hypers.same(value, total):
+                    errors.append(Diagnostic(
+                        "error", f"parameter count is {format_poly(total)}, not "
+                        f"{_show_expr(exp.value)}", exp.span,
+                        f"difference: {format_poly(hypers.expand(total) - hypers.expand(value))}"))
+            elif (None, None) not in configs:
+                errors.append(Diagnostic("error", "a numeric expectation needs values for every "
+                                         "hyperparameter", exp.span,
+                                         "move it into a preset"))
+        for name, preset in configs:
+            label = f"preset `{name}`" if name else "the defaults"
+            try:
+                cfg = self.configure(name)
+            except FgcError as e:
+                errors.extend(e.diagnostics)
+                continue
+            warnings.extend(cfg.warnings)
+            expects = list(preset.expects) if preset else []
+            if name is None:
+                expects += [x for x in self.model.expects if _is_numeric_expect(x, hypers)]
+            for exp in expects:
+                d = _check_expectation(exp, cfg, label)
+                if d is not None:
+                    (errors if d.severity == "error" else warnings).append(d)
+        return _dedupe(errors), warnings
+
+
+def _is_numeric_expect(x: S.Expect, hypers: Hypers) -> bool:
+    try:
+        v = Statics(hypers.values, "").eval(x.value)
+    except FgcError:
+        return False
+    return isinstance(v, Poly) and v.is_const()
+
+
+def _check_expectation(exp: S.Expect, cfg: Config, label: str) -> Diagnostic | None:
+    total = cfg.total
+    v = Statics({k: v for k, v in cfg.values.items()}, "").eval(exp.value)
+    if isinstance(v, float) or not v.is_const():
+        return Diagnostic("error", "expected a number of parameters", exp.span)
+    expected = v.const_value()
+    if exp.op == "==":
+        if total != expected:
+            return Diagnostic("error", f"{label} has {format_int(total)} parameters, not "
+                              f"{format_int(expected)}", exp.span,
+                              f"difference: {format_int(total - expected)}")
+        return None
+    tolerance = _tolerance(exp.value)
+    if abs(total - expected) > tolerance:
+        return Diagnostic("warning", f"{label} has {format_int(total)} parameters "
+                          f"({human(total)}); the spec expects ~{_show_expr(exp.value)}",
+                          exp.span, f"{human(total)} does not round to "
+                          f"{_show_expr(exp.value)}")
+    return None
+
+
+def _tolerance(e: S.Expr) -> Fraction:
+    """Half a unit in the last written digit: `125M` -> 500,000; `1.3B` -> 50,000,000."""
+    if not isinstance(e, S.Num):
+        return Fraction(0)
+    text = e.text.replace("_", "")
+    scale = {"K": 10**3, "M": 10**6, "B": 10**9, "T": 10**12}.get(text[-1], 1)
+    digits = text.rstrip("KMBT")
+    decimals = len(digits.split(".")[1]) if "." in digits else 0
+    return Fraction(scale, 10**decimals) / 2
+
+
+def _is_literal(e: S.Expr) -> bool:
+    return isinstance(e, S.Num) or (isinstance(e, S.Neg) and isinstance(e.operand, S.Num))
+
+
+def _literal(e: S.Expr) -> Poly | float:
+    if isinstance(e, S.Neg):
+        v = _literal(e.operand)
+        return -v
+    if "." in e.text or "e" in e.text.lower():
+        if e.value.denominator == 1 and e.text[-1] in "KMBT":
+            return Poly.const(e.value)
+        return float(e.value)
+    return Poly.const(e.value)
+
+
+def _as_value(v):
+    return v
+
+
+def _differs(a, b) -> bool:
+    fa = float(a.const_value()) if isinstance(a, Poly) else a
+    fb = float(b.const_value()) if isinstance(b, Poly) else b
+    return fa != fb
+
+
+def _show(v) -> str:
+    if isinstance(v, Poly):
+        return format_int(v.const_value())
+    return repr(v)
+
+
+def _decl_span(m: S.Model, name: str) -> Span | None:
+    for h in m.hypers:
+        if h.name == name:
+            return h.span
+    return m.span
+
+
+def _suggest_names(name: str, names: list[str]) -> str | None:
+    import difflib
+    close = difflib.get_close_matches(name, names, n=2)
+    return ("did you mean " + " or ".join(f"`{c}`" for c in close) + "?") if close else None
+
+
+def _check_acyclic(defs: dict[str, Poly], decls: dict[str, S.HyperDecl]) -> None:
+    state: dict[str, int] = {}
+
+    def visit(n: str, chain: list[str]) -> None:
+        if state.get(n) == 2:
+            return
+        if state.get(n) == 1:
+            cyc = " -> ".join(chain[chain.index(n):] + [n])
+            raise FgcError(f"hyperparameters are defined in a circle: {cyc}", decls[n].span)
+        state[n] = 1
+        for s in defs[n].symbols():
+            if s in defs:
+                visit(s, chain + [n])
+        state[n] = 2
+
+    for n in defs:
+        visit(n, [])
+
+
+def _dedupe(diags: list[Diagnostic]) -> list[Diagnostic]:
+    seen = set()
+    out = []
+    for d in diags:
+        key = (d.severity, d.message, str(d.span))
+        if key not in seen:
+            seen.add(key)
+            out.append(d)
+    return out
+
+
+def load(path: str, text: str | None = None) -> Spec:
+    """Read and parse a spec with the standard library; raises FgcError."""
+    sources = Sources()
+    std_text, std = _stdlib()
+    sources.add("stdlib.fgpt", std_text)
+    if text is None:
+        text = read_source(path)
+    sources.add(path, text)
+    try:
+        file = parse_text(text, path)
+    except FgcError as e:
+        e.sources = sources  # type: ignore[attr-defined]
+        raise
+    if not file.modules and not file.models:
+        err = FgcError(f"{Path(path).name} defines no model and no module", Span(path, 1, 1),
+                       "a spec holds `model Name { ... }` and any `module`s it uses")
+        err.sources = sources  # type: ignore[attr-defined]
+        raise err
+    modules = {m.name: m for m in std.modules}
+    own: dict[str, S.Module] = {}
+    for mod in file.modules:
+        if mod.name in own:
+            err = FgcError(f"module `{mod.name}` is defined twice", mod.span)
+            err.sources = sources  # type: ignore[attr-defined]
+            raise err
+        own[mod.name] = mod
+    modules.update(own)
+    return Spec(path, sources, file, modules)
+
+
+def parse_set(item: str) -> tuple[str, Fraction | float]:
+    """`H=768` -> ("H", 768); raises ValueError with a message."""
+    if "=" not in item:
+        raise ValueError(f"--set expects NAME=VALUE, got {item!r}")
+    name, _, value = item.partition("=")
+    name, value = name.strip(), value.strip()
+    if not name.isidentifier():
+        raise ValueError(f"--set: {name!r} is not a hyperparameter name")
+    from lark import Token
+    try:
+        tok = Token("INT", value)
+        tok.line = tok.column = tok.end_line = tok.end_column = 1
+        v = parse_number(tok, "--set")
+    except (FgcError, ValueError, ZeroDivisionError, IndexError):
+        raise ValueError(f"--set {name}: {value!r} is not a number") from None
+    if "." in value or "e" in value.lower():
+        if not (v.denominator == 1 and value[-1:] in "KMBT"):
+            return name, float(v)
+    return name, v
+
+
+__all__ = ["load", "Spec", "Config", "parse_set", "format_int", "formula", "read_source"]

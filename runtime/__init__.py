@@ -1,0 +1,1 @@
+"""Runtime: loads and runs what fgc emitted; never imports `compiler`."""

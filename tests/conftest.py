@@ -1,0 +1,34 @@
+"""Shared test helpers: run the CLI in-process or as a subprocess, and locate files."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+ROOT = Path(__file__).resolve().parent.parent
+SPECS = ROOT / "specs"
+
+settings.register_profile("ci", derandomize=True, max_examples=60, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("dev", max_examples=30, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+
+def fgc(*args: str, input: str | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run `fgc` as a user would: a separate process, text out."""
+    return subprocess.run([sys.executable, "-m", "compiler.cli", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout, input=input)
+
+
+@pytest.fixture
+def run_fgc():
+    return fgc
+
+
+def all_specs() -> list[Path]:
+    return sorted(SPECS.rglob("*.fgpt"))
