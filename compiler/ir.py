@@ -18,7 +18,18 @@ from .symbolic import Poly, format_poly
 
 
 class _Base(BaseModel):
-    model_config = ConfigDict(arbitrary_types_allowed=True, frozen=False)
+    """IR nodes are built by the compiler from data it has already checked, so building
+    one skips validation: generating validators for every node class at import costs
+    more than a whole `fgc params` run. `model_validate` and `model_dump` work as usual
+    (their schemas are built on first use)."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True, defer_build=True)
+
+    def __init__(self, /, **data: Any) -> None:
+        built = type(self).model_construct(**data)
+        for slot in ("__dict__", "__pydantic_fields_set__", "__pydantic_extra__",
+                     "__pydantic_private__"):
+            object.__setattr__(self, slot, getattr(built, slot))
 
 
 class Ell:

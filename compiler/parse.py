@@ -208,6 +208,14 @@ class _ToSyntax(Transformer):
     def hyper_decl(self, meta, children):
         return S.HyperDecl(self._span(meta), str(children[0]), children[1])
 
+    def preset_name(self, children):
+        if len(children) == 2:
+            num, rest = children
+            if (num.end_line, num.end_column) != (rest.line, rest.column):
+                raise FgcError("a preset name is one word, like `175b`", self._tspan(num),
+                               f"write `{num}{rest}`")
+        return "".join(str(c) for c in children)
+
     @v_args(meta=True)
     def preset(self, meta, children):
         name = str(children[0])

@@ -354,15 +354,27 @@ def _walk(items: list) -> Iterable[Eqn]:
             yield item
 
 
-def _show_expr(e: S.Expr) -> str:
+_PRECEDENCE = {"+": 1, "-": 1, "*": 2, "/": 2, "@": 2, "%": 2}
+
+
+def _show_expr(e: S.Expr, parent: int = 0) -> str:
+    """Source-like text of a (size) expression, parenthesised only where needed."""
     if isinstance(e, S.Name):
         return e.name
     if isinstance(e, S.Num):
         return e.text
     if isinstance(e, S.BinOp):
-        return f"{_show_expr(e.left)}{e.op}{_show_expr(e.right)}"
+        prec = _PRECEDENCE[e.op]
+        left = _show_expr(e.left, prec)
+        right = _show_expr(e.right, prec + 1)  # left-associative
+        text = f"{left} {e.op} {right}" if prec == 1 else f"{left}{e.op}{right}"
+        return f"({text})" if prec < parent else text
     if isinstance(e, S.Neg):
-        return f"-{_show_expr(e.operand)}"
+        return f"-{_show_expr(e.operand, 3)}"
+    if isinstance(e, S.Call):
+        return f"{e.func}({', '.join(_show_expr(a) for a in e.args)})"
+    if isinstance(e, S.Inf):
+        return "inf"
     return "…"
 
 
