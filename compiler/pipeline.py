@@ -165,7 +165,12 @@ class Spec:
                 given[name] = _as_value(statics.eval(expr, dict(given)))
                 spans[name] = span
         for name, value in sets.items():
-            given[name] = Poly.const(value) if isinstance(value, Fraction) else value
+            if isinstance(value, (int, Fraction)) and not isinstance(value, bool):
+                given[name] = Poly.const(value)
+            elif isinstance(value, float):
+                given[name] = value
+            else:
+                raise FgcError(f"{name} = {value!r} is not a number", None)
         values: dict[str, Poly | float] = dict(given)
         # derived values, in dependency order; an explicit value wins but is compared
         pending = dict(derived)
@@ -228,6 +233,81 @@ class Spec:
         return _dedupe(diags)
 
     def symbolic(self) -> Config:
+        if getattr(self, "_symbolic", None) is None:
+            self._symbolic = self._symbolic_config()
+        return self._symbolic
+
+    def size_symbols(self) -> set[str]:
+        """Hyperparameters that size something: they must be positive whole numbers."""
+        cfg = self.symbolic()
+        out: set[str] = set()
+
+        def dims(t) -> None:
+            for d in list(t.shape) + [t.family, t.lo if not t.perm else None]:
+                if isinstance(d, Poly):
+                    out.update(d.symbols())
+
+        for v in cfg.model.inputs:
+            dims(v.type)
+        for p in cfg.model.params:
+            dims(p.type)
+        for item in cfg.model.body:
+            if isinstance(item, ir.Loop):
+                out.update(item.hi.symbols())
+            for e in (item.body if isinstance(item, ir.Loop) else [item]):
+                for v in e.outs:
+                    dims(v.type)
+                for b in e.attrs.get("bindings", {}).values():
+                    if isinstance(b, Poly):
+                        out.update(b.symbols())
+                if e.family is not None:
+                    out.update(e.family[1].symbols())
+        for entry in cfg.count.entries:
+            for d in entry.shape:
+                out.update(d.symbols())
+        return out & {h.name for h in self.model.hypers}
+
+    def _check_sizes(self, hypers: Hypers, preset: S.Preset | None, label: str) -> None:
+        m = self.model
+        spans = {name: span for name, _, span in preset.assigns} if preset else {}
+        decls = {h.name: h for h in m.hypers}
+        diags = []
+        bad: set[str] = set()
+        for name in sorted(self.size_symbols(), key=[h.name for h in m.hypers].index):
+            v = hypers.values.get(name)
+            span = spans.get(name) or decls[name].span
+            h = decls[name]
+            if h.default is not None and not _is_literal(h.default) and name not in spans \
+                    and _names(h.default) & bad:
+                continue  # follows from a value already reported
+            bad.add(name)
+            if isinstance(v, Poly) and v.const_value() > 0 and v.const_value().denominator == 1:
+                bad.discard(name)
+            if isinstance(v, float):
+                diags.append(Diagnostic("error", f"{name} = {v} sizes a tensor but is not a "
+                                        f"whole number ({label})", span))
+                continue
+            c = v.const_value()
+            if c.denominator != 1:
+                h = decls[name]
+                hint = None
+                if h.default is not None and isinstance(h.default, S.BinOp) and h.default.op == "/":
+                    hint = (f"{_show_expr(h.default.right)} must divide "
+                            f"{_show_expr(h.default.left)}")
+                given = ", ".join(f"{k} = {_show(hypers.values[k])}" for k in sorted(
+                    Statics({}, "").eval(h.default, {k: Poly.sym(k) for k in hypers.values})
+                    .symbols()) if k in hypers.values) if h.default is not None else ""
+                diags.append(Diagnostic(
+                    "error", f"{name} = {_show_expr(h.default) if h.default else name} = "
+                    f"{c.numerator}/{c.denominator} is not a whole number with {given} "
+                    f"({label})", span, hint))
+            elif c <= 0:
+                diags.append(Diagnostic("error", f"{name} = {c} sizes a tensor but is not "
+                                        f"positive ({label})", span))
+        if diags:
+            raise FgcError.many(diags)
+
+    def _symbolic_config(self) -> Config:
         hypers = self.symbolic_hypers(self.model)
         model, top = self.elaborate(hypers)
         c = count(model, top.functions, None)
@@ -252,7 +332,10 @@ class Spec:
             if p is None:
                 raise LookupError(preset)
         label = f"preset `{preset}`" if preset else "the defaults"
+        if sets:
+            label += " with " + ", ".join(f"{k}={_show_value(v)}" for k, v in sets.items())
         hypers, warnings = self.numeric_hypers(m, p, sets or {}, label)
+        self._check_sizes(hypers, p, label)
         model, top = self.elaborate(hypers)
         env = {k: v.const_value() for k, v in hypers.values.items() if isinstance(v, Poly)}
         c = count(model, top.functions, env)
@@ -331,6 +414,11 @@ class Spec:
         return _dedupe(errors), warnings
 
 
+def _names(e) -> set[str]:
+    from .shapes import _names_in
+    return set(_names_in(e))
+
+
 def _is_numeric_expect(x: S.Expect, hypers: Hypers) -> bool:
     try:
         v = Statics(hypers.values, "").eval(x.value)
@@ -394,6 +482,12 @@ def _differs(a, b) -> bool:
     fa = float(a.const_value()) if isinstance(a, Poly) else a
     fb = float(b.const_value()) if isinstance(b, Poly) else b
     return fa != fb
+
+
+def _show_value(v) -> str:
+    if isinstance(v, Fraction) and v.denominator == 1:
+        return str(v.numerator)
+    return str(v)
 
 
 def _show(v) -> str:

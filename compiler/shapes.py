@@ -254,7 +254,7 @@ class Elaborator:
 
     def _values_hint(self, d) -> str | None:
         if self.hypers.preset:
-            return f"with preset `{self.hypers.preset}`"
+            return f"with {self.hypers.preset}"
         return None
 
     # ------------------------------------------------------------ types from syntax
