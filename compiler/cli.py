@@ -185,7 +185,7 @@ def cmd_check(args) -> int:
             for path, errors, warnings, _, failed in results]}
         print(json.dumps(out, indent=2))
     elif args.format == "github":
-        for path, errors, warnings, _, _ in results:
+        for _path, errors, warnings, _, _ in results:
             for d in errors + warnings:
                 kind = "error" if d.severity == "error" or args.strict else "warning"
                 loc = ""

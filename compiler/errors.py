@@ -44,7 +44,7 @@ class FgcError(Exception):
         self.diagnostics = [Diagnostic("error", message, span, hint)]
 
     @classmethod
-    def many(cls, diagnostics: list[Diagnostic]) -> "FgcError":
+    def many(cls, diagnostics: list[Diagnostic]) -> FgcError:
         err = cls(diagnostics[0].message, diagnostics[0].span, diagnostics[0].hint)
         err.diagnostics = list(diagnostics)
         return err

@@ -63,10 +63,10 @@ class TensorType(_Base):
     perm: bool = False  # a permutation of lo..hi
     family: Any = None  # Poly: number of members when the value is an indexed family
 
-    def member(self) -> "TensorType":
+    def member(self) -> TensorType:
         return self.model_copy(update={"family": None})
 
-    def with_shape(self, shape: tuple) -> "TensorType":
+    def with_shape(self, shape: tuple) -> TensorType:
         return self.model_copy(update={"shape": tuple(shape)})
 
     def rank_known(self) -> bool:

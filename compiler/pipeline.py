@@ -128,7 +128,7 @@ class Spec:
             lit = _literal(h.default) if h.default is not None else None
             values[name] = lit if isinstance(lit, float) else Poly.sym(name)
         defs: dict[str, Poly] = {}
-        for name, h in derived.items():
+        for name in derived:
             values[name] = Poly.sym(name)
         statics = Statics(values, self.path)
         for name, h in derived.items():
@@ -144,7 +144,8 @@ class Spec:
         return Hypers(values=values, derived=defs)
 
     def numeric_hypers(self, m: S.Model, preset: S.Preset | None,
-                       sets: dict[str, Fraction | float], label: str) -> tuple[Hypers, list[Diagnostic]]:
+                       sets: dict[str, Fraction | float],
+                       label: str) -> tuple[Hypers, list[Diagnostic]]:
         free, derived = self._classify(m)
         warnings: list[Diagnostic] = []
         given: dict[str, Poly | float] = {}
@@ -162,7 +163,7 @@ class Spec:
                 if name in given and name in {a[0] for a in preset.assigns[
                         :preset.assigns.index((name, expr, span))]}:
                     raise FgcError(f"preset `{preset.name}` sets `{name}` twice", span)
-                given[name] = _as_value(statics.eval(expr, dict(given)))
+                given[name] = statics.eval(expr, dict(given))
                 spans[name] = span
         for name, value in sets.items():
             if isinstance(value, (int, Fraction)) and not isinstance(value, bool):
@@ -472,10 +473,6 @@ def _literal(e: S.Expr) -> Poly | float:
             return Poly.const(e.value)
         return float(e.value)
     return Poly.const(e.value)
-
-
-def _as_value(v):
-    return v
 
 
 def _differs(a, b) -> bool:

@@ -8,8 +8,9 @@ own tables keyed by the same names; `tests/test_primitives.py` checks they agree
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Protocol
 
 from .ir import Ell, TensorType, format_dim, format_type
 from .symbolic import Poly
@@ -132,7 +133,8 @@ def matmul_rule(dims, types, attrs, op):
     if len(sa) == 0 or len(sb) == 0:
         raise ShapeError(f"cannot multiply {fmt_shape(sa)} by {fmt_shape(sb)}: @ needs matrices "
                          "or vectors", "use * to scale by a scalar")
-    if isinstance(sb[-1], Ell) or (len(sb) > 1 and isinstance(sb[-2], Ell)) or isinstance(sa[-1], Ell):
+    if isinstance(sb[-1], Ell) or isinstance(sa[-1], Ell) or (
+            len(sb) > 1 and isinstance(sb[-2], Ell)):
         raise ShapeError(f"cannot multiply {fmt_shape(sa)} by {fmt_shape(sb)}: the contracted "
                          "dimension is not known")
     inner_a = sa[-1]

@@ -19,22 +19,32 @@ from __future__ import annotations
 import difflib
 import math
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Iterable
 
 from . import ir
 from . import syntax as S
 from .errors import Diagnostic, FgcError, Span
 from .ir import Ell, Eqn, Guard, Operand, TensorType, Value, format_dim
-from .primitives import (BINARY_OPS, CALLABLE, COMPARE_OPS, ONE, PRIMITIVES, ShapeError,
-                         broadcast_shapes, fmt, fmt_shape)
+from .primitives import (
+    BINARY_OPS,
+    CALLABLE,
+    COMPARE_OPS,
+    ONE,
+    PRIMITIVES,
+    ShapeError,
+    broadcast_shapes,
+    fmt,
+    fmt_shape,
+)
 from .symbolic import Poly, format_poly
 
 MAX_DIM = 2**48  # a dimension beyond this is certainly a mistake
 MAX_LAYERS = 100_000
 
-_MEMBER = re.compile(r"^(?P<base>[A-Za-z][A-Za-z0-9_]*?)_(?P<sub>[A-Za-z0-9]+)(?P<sup>'*\^[A-Za-z][A-Za-z0-9_]*)?$")
+_MEMBER = re.compile(r"^(?P<base>[A-Za-z][A-Za-z0-9_]*?)_(?P<sub>[A-Za-z0-9]+)"
+                     r"(?P<sup>'*\^[A-Za-z][A-Za-z0-9_]*)?$")
 _CONSTANTS = {"pi": math.pi}
 
 
@@ -217,7 +227,6 @@ class Elaborator:
 
     def emit(self, op: str, ins: list[Ref], out: TensorType, span: Span | None,
              attrs: dict | None = None, name: str | None = None) -> Ref:
-        out = out if self.family is None else out
         value = Value(name=name or self._fresh(), type=out)
         eqn = Eqn(outs=[value], op=op, ins=[r.op for r in ins], attrs=attrs or {},
                   family=(self.family.var, self.family.size) if self.family else None,
@@ -279,7 +288,8 @@ class Elaborator:
             else:
                 lo = self._dim(t.lo, statics, positive=False)
                 hi = self._dim(t.hi, statics, positive=False)
-            if self.hypers.numeric and lo.is_const() and hi.is_const() and hi.const_value() < lo.const_value():
+            if self.hypers.numeric and lo.is_const() and hi.is_const() \
+                    and hi.const_value() < lo.const_value():
                 raise FgcError(f"empty range {format_poly(lo)}..{format_poly(hi)}", t.span)
             shape = tuple(Ell(ell) if isinstance(d, S.Ellipsis_) else self._dim(d, statics)
                           for d in t.dims)
@@ -951,7 +961,7 @@ class _Body:
             expected = self._instantiate_dim(sig, binds)
             if expected is None or not self.hypers.same(expected, actual):
                 raise FgcError(f"argument {what} of `{e.func}`: expected dimension "
-                               f"{format_poly(expected) if expected is not None else format_poly(sig)}"
+                               f"{format_poly(sig if expected is None else expected)}"
                                f", got {format_poly(actual)}", span, "signature: " + _signature(fn))
         outs = [self._instantiate(o.type, binds, e.span, fn) for o in fn.outputs]
         value_binds = {k: v for k, v in binds.items() if isinstance(v, (Poly, float))}
@@ -1159,14 +1169,12 @@ def _cond_text(e) -> str:
 
 def guard_holds(guard: Guard, env: dict) -> bool:
     """Evaluate a guard's text for concrete values (the layer index among them)."""
-    from .parse import parser  # local: only counting needs it
     tree = _GUARD_CACHE.get(guard.text)
     if tree is None:
-        from .parse import parse_text
+        from .parse import parse_text  # the guard's text was printed from parsed source
         f = parse_text(f"model Guard {{ g = 1 if {guard.text} else 0 }}", "<guard>")
         tree = f.models[0].statements[0].rhs.cond
         _GUARD_CACHE[guard.text] = tree
-    _ = parser
     value = bool(_eval_condition(tree, {k: Poly.const(v) for k, v in env.items()}, None))
     return value if guard.positive else not value
 

@@ -9,9 +9,9 @@ importing sympy alone costs more than the whole `fgc params` run is allowed.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Callable, Mapping
 
 Number = int | Fraction
 
@@ -21,7 +21,7 @@ class Atom:
     """An opaque subexpression such as `floor(L/2)` or `(H+1)/A`."""
 
     op: str  # "div" | "floor" | "ceil" | "mod" | "max" | "min"
-    args: tuple["Poly", ...]
+    args: tuple[Poly, ...]
 
     def __str__(self) -> str:
         if self.op == "div":
@@ -60,15 +60,15 @@ class Poly:
 
     # -- construction
     @staticmethod
-    def const(value: Number) -> "Poly":
+    def const(value: Number) -> Poly:
         return Poly({(): Fraction(value)})
 
     @staticmethod
-    def sym(name: Symbol) -> "Poly":
+    def sym(name: Symbol) -> Poly:
         return Poly({((name, 1),): Fraction(1)})
 
     @staticmethod
-    def lift(x: "Poly | Number") -> "Poly":
+    def lift(x: Poly | Number) -> Poly:
         return x if isinstance(x, Poly) else Poly.const(x)
 
     # -- queries
@@ -95,7 +95,7 @@ class Poly:
         return max((sum(e for _, e in m) for m in self.terms), default=0)
 
     # -- arithmetic
-    def __add__(self, other: "Poly | Number") -> "Poly":
+    def __add__(self, other: Poly | Number) -> Poly:
         other = Poly.lift(other)
         terms = dict(self.terms)
         for m, c in other.terms.items():
@@ -104,16 +104,16 @@ class Poly:
 
     __radd__ = __add__
 
-    def __neg__(self) -> "Poly":
+    def __neg__(self) -> Poly:
         return Poly({m: -c for m, c in self.terms.items()})
 
-    def __sub__(self, other: "Poly | Number") -> "Poly":
+    def __sub__(self, other: Poly | Number) -> Poly:
         return self + (-Poly.lift(other))
 
-    def __rsub__(self, other: "Poly | Number") -> "Poly":
+    def __rsub__(self, other: Poly | Number) -> Poly:
         return Poly.lift(other) - self
 
-    def __mul__(self, other: "Poly | Number") -> "Poly":
+    def __mul__(self, other: Poly | Number) -> Poly:
         other = Poly.lift(other)
         terms: dict[Monomial, Fraction] = {}
         for m1, c1 in self.terms.items():
@@ -124,7 +124,7 @@ class Poly:
 
     __rmul__ = __mul__
 
-    def __truediv__(self, other: "Poly | Number") -> "Poly":
+    def __truediv__(self, other: Poly | Number) -> Poly:
         other = Poly.lift(other)
         if not other.terms:
             raise ZeroDivisionError("division by zero")
@@ -136,14 +136,14 @@ class Poly:
             return Poly.const(self.const_value() / other.const_value())
         return Poly.sym(Atom("div", (self, other)))
 
-    def __pow__(self, k: int) -> "Poly":
+    def __pow__(self, k: int) -> Poly:
         out = Poly.const(1)
         for _ in range(k):
             out = out * self
         return out
 
     @staticmethod
-    def apply(op: str, *args: "Poly") -> "Poly":
+    def apply(op: str, *args: Poly) -> Poly:
         """floor/ceil/mod/max/min: exact when the arguments are constants, else an Atom."""
         if all(a.is_const() for a in args):
             vals = [a.const_value() for a in args]
@@ -151,7 +151,7 @@ class Poly:
         return Poly.sym(Atom(op, tuple(args)))
 
     # -- substitution and evaluation
-    def subs(self, env: Mapping[str, "Poly"]) -> "Poly":
+    def subs(self, env: Mapping[str, Poly]) -> Poly:
         out = Poly()
         for mono, coef in self.terms.items():
             term = Poly.const(coef)
@@ -193,7 +193,7 @@ class Poly:
             self._hash = hash(frozenset(self.terms.items()))
         return self._hash
 
-    def __lt__(self, other: "Poly") -> bool:  # only for deterministic sorting
+    def __lt__(self, other: Poly) -> bool:  # only for deterministic sorting
         return str(self) < str(other)
 
     def __repr__(self) -> str:
