@@ -1036,7 +1036,8 @@ class _Body:
         sshape, ashape = st.shape, at.shape
         if sshape and isinstance(sshape[0], Ell):
             rest = sshape[1:]
-            if len(ashape) < len(rest) or any(isinstance(d, Ell) for d in ashape[len(ashape) - len(rest):]):
+            tail = ashape[len(ashape) - len(rest):]
+            if len(ashape) < len(rest) or any(isinstance(d, Ell) for d in tail):
                 raise FgcError(f"argument {what} of `{e.func}`: expected {fmt(st)}, got "
                                f"{fmt(at)}", span)
             lead = tuple(ashape[: len(ashape) - len(rest)])

@@ -37,7 +37,8 @@ def test_check_and_params_do_not_import_torch_or_onnx():
         "from compiler.cli import main\n"
         "main(['check', 'specs/formal/gpt.fgpt'])\n"
         "main(['params', 'specs/formal/gpt.fgpt', '--by-module'])\n"
-        "heavy = [m for m in ('torch', 'onnx', 'onnxruntime', 'transformers') if m in sys.modules]\n"
+        "names = ('torch', 'onnx', 'onnxruntime', 'transformers')\n"
+        "heavy = [m for m in names if m in sys.modules]\n"
         "print('HEAVY', heavy)\n"
     )
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
