@@ -71,18 +71,18 @@ def count(model: ir.Model, functions: dict[str, ir.Function], layer_env: dict | 
         entries.append(Entry((), p.name, p.declared, tuple(p.type.shape), p.type.family,
                              _numel(p.type.shape, p.type.family), Poly.const(1), False, False,
                              span=p.span))
+    outside: set[str] = set()  # instances outside the layers, across the whole model
     for item in model.body:
         if isinstance(item, ir.Loop):
-            _count_block(item.body, functions, entries, item, layer_env)
+            _count_block(item.body, functions, entries, item, layer_env, set())
         else:
-            _count_block([item], functions, entries, None, layer_env)
+            _count_block([item], functions, entries, None, layer_env, outside)
     tied = {name: sections for name, sections in model.param_uses.items() if len(sections) > 1}
     return Count(entries, tied)
 
 
 def _count_block(eqns: list[Eqn], functions, entries: list[Entry], loop: ir.Loop | None,
-                 layer_env: dict | None) -> None:
-    seen: set[str] = set()
+                 layer_env: dict | None, seen: set[str]) -> None:
     for e in eqns:
         if e.op != "call":
             continue
