@@ -370,7 +370,10 @@ def cmd_ir(args) -> int:
         cfg, code = _configure(spec, args)
         if cfg is None:
             return code
-    cfg.model.hypers = spec.symbolic().model.hypers if not cfg.model.hypers else cfg.model.hypers
+    if cfg.name != "symbolic":
+        from .ir import Hyper
+        order = [h.name for h in spec.model.hypers]
+        cfg.model.hypers = [Hyper(name=k, default=cfg.values[k]) for k in order]
     print(format_model(cfg.model, cfg.functions), end="")
     return EXIT_OK
 

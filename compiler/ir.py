@@ -61,6 +61,8 @@ class TensorType(_Base):
     lo: Any = None  # Poly | None
     hi: Any = None
     perm: bool = False  # a permutation of lo..hi
+    neg_inf: bool = False  # may hold -inf (a mask): multiplying by it is a mistake
+    taint: frozenset = frozenset()  # inputs of the enclosing module this value carries
     family: Any = None  # Poly: number of members when the value is an indexed family
 
     def member(self) -> TensorType:
@@ -167,6 +169,7 @@ class Function(_Base):
     outputs: list[Value]
     span: Span | None = None
     builtin: bool = False  # from the standard library
+    mask_products: dict[str, Any] = Field(default_factory=dict)  # input -> span of a `*` it reaches
 
 
 class Carried(_Base):

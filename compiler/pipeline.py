@@ -312,10 +312,11 @@ class Spec:
         hypers = self.symbolic_hypers(self.model)
         model, top = self.elaborate(hypers)
         c = count(model, top.functions, None)
+        lint = list(top.warnings)
         model.hypers = [ir.Hyper(name=h.name, span=h.span,
                                  default=hypers.derived.get(h.name), text=_show_expr(h.default)
                                  if h.default is not None else "") for h in self.model.hypers]
-        cfg = Config("symbolic", hypers.values, model, c)
+        cfg = Config("symbolic", hypers.values, model, c, lint)
         cfg.hypers = hypers  # type: ignore[attr-defined]
         cfg.functions = top.functions  # type: ignore[attr-defined]
         return cfg
@@ -372,6 +373,7 @@ class Spec:
         except FgcError as e:
             return errors + e.diagnostics, warnings
         total = sym.count.total()
+        warnings.extend(sym.warnings)
         hypers: Hypers = sym.hypers  # type: ignore[attr-defined]
         configs: list[tuple[str | None, S.Preset | None]] = [(p.name, p) for p in
                                                              self.model.presets]
@@ -404,7 +406,8 @@ class Spec:
             except FgcError as e:
                 errors.extend(e.diagnostics)
                 continue
-            warnings.extend(cfg.warnings)
+            warnings.extend(w for w in cfg.warnings if w.message not in
+                            {x.message for x in sym.warnings})
             expects = list(preset.expects) if preset else []
             if name is None:
                 expects += [x for x in self.model.expects if _is_numeric_expect(x, hypers)]

@@ -245,7 +245,28 @@ class Elaborator:
         except ShapeError as e:
             raise FgcError(e.message, span, e.hint) from None
         self._check_dims(out, span)
+        masks = [r for r in ins if r.type.neg_inf]
+        if op == "mul":
+            if masks:
+                self._warn_mask_product(span)
+            for r in ins:
+                for name in r.type.taint:
+                    self.mask_products.setdefault(name, span)
+        if op in _KEEPS_NEG_INF:
+            carried = ins[1:] if op == "select" else ins
+            out = out.model_copy(update={
+                "neg_inf": any(r.type.neg_inf for r in carried),
+                "taint": frozenset().union(*(r.type.taint for r in carried))})
         return self.emit(op, ins, out, span, attrs)
+
+    def _warn_mask_product(self, span: Span | None) -> None:
+        if self.top._checking_builtin():
+            return
+        self.top.warnings.append(Diagnostic(
+            "warning", "multiplying by a mask with -inf entries: -inf times a negative score "
+            "is +inf, and times 0 is NaN", span,
+            "fgc's masks are additive (0 where attention is allowed, -inf where it is not): add "
+            "the mask to the scores instead"))
 
     def _check_dims(self, t: TensorType, span: Span | None) -> None:
         if not self.hypers.numeric:
@@ -344,6 +365,10 @@ class Elaborator:
         self.functions[name] = fn
         return fn
 
+    def _checking_builtin(self) -> bool:
+        return bool(self._checking) and self.modules[self._checking[-1]].span.file.endswith(
+            "stdlib.fgpt")
+
     def has_params(self, name: str) -> bool:
         if name not in self._module_has_params:
             fn = self.functions.get(name)
@@ -404,6 +429,7 @@ class _Body:
         self.statics = Statics({}, top.file)
         self.param_uses: dict[str, set[str]] = {}
         self.section = "body"
+        self.mask_products: dict[str, Span | None] = {}
 
     # bookkeeping delegated to the elaborator
     def _fresh(self) -> str:
@@ -411,6 +437,7 @@ class _Body:
 
     emit = Elaborator.emit
     apply = Elaborator.apply
+    _warn_mask_product = Elaborator._warn_mask_product
     _check_dims = Elaborator._check_dims
     _values_hint = Elaborator._values_hint
     type_of = Elaborator.type_of
@@ -421,7 +448,8 @@ class _Body:
     # ------------------------------------------------------------ constants
     def const(self, value: Poly | float) -> Ref:
         if isinstance(value, float):
-            return Ref(Operand(const=value), TensorType(dtype="real", shape=()))
+            return Ref(Operand(const=value), TensorType(dtype="real", shape=(),
+                                                        neg_inf=value == -math.inf))
         if value.is_const() and value.const_value().denominator != 1:
             return Ref(Operand(const=value), TensorType(dtype="real", shape=()))
         if not value.is_const() and any(s in self.scope.real_symbols for s in value.symbols()):
@@ -590,7 +618,8 @@ class _Body:
             raise FgcError(f"the two branches of this conditional differ: {fmt(a.type)} when "
                            f"`{text}`, {fmt(b.type)} otherwise", e.span,
                            "both branches must have the same shape")
-        return self.emit("cond", [a, b], a.type, e.span, {"guard": text})
+        out = a.type.model_copy(update={"neg_inf": a.type.neg_inf or b.type.neg_inf})
+        return self.emit("cond", [a, b], out, e.span, {"guard": text})
 
     def static_condition(self, cond: S.Expr) -> bool | str | None:
         """True/False when decidable now, the condition's text when it depends on the
@@ -963,7 +992,19 @@ class _Body:
                 raise FgcError(f"argument {what} of `{e.func}`: expected dimension "
                                f"{format_poly(sig if expected is None else expected)}"
                                f", got {format_poly(actual)}", span, "signature: " + _signature(fn))
-        outs = [self._instantiate(o.type, binds, e.span, fn) for o in fn.outputs]
+        for arg, inp in zip(args, fn.inputs):
+            if inp.name in fn.mask_products:
+                if arg.type.neg_inf:
+                    self._warn_mask_product(fn.mask_products[inp.name])
+                for name in arg.type.taint:
+                    self.mask_products.setdefault(name, fn.mask_products[inp.name])
+        outs = []
+        for o in fn.outputs:
+            t = self._instantiate(o.type, binds, e.span, fn)
+            flowing = [a for a, inp in zip(args, fn.inputs) if inp.name in o.type.taint]
+            outs.append(t.model_copy(update={
+                "neg_inf": o.type.neg_inf or any(a.type.neg_inf for a in flowing),
+                "taint": frozenset().union(*(a.type.taint for a in flowing))}))
         value_binds = {k: v for k, v in binds.items() if isinstance(v, (Poly, float))}
         attrs = {"module": fn.name, "label": e.label, "bindings": value_binds}
         values = [Value(name=self._fresh(), type=t) for t in outs]
@@ -1106,6 +1147,10 @@ def _signature(fn: ir.Function) -> str:
     return f"{fn.name}{hyp}({ins}) -> {outs if len(fn.outputs) == 1 else '(' + outs + ')'}"
 
 
+# ops through which a -inf entry survives (a mask stays a mask)
+_KEEPS_NEG_INF = {"add", "sub", "mul", "select", "index", "transpose", "broadcast_to", "concat",
+                  "vconcat", "max", "min", "stopgrad"}
+
 _FOLD = {"sqrt": math.sqrt, "exp": math.exp, "log": math.log, "tanh": math.tanh,
          "erf": math.erf, "abs": abs}
 
@@ -1215,7 +1260,7 @@ class _ModuleElaborator(_Body):
         statics = self.statics
         inputs: list[Value] = []
         for a in mod.inputs:
-            t = self.type_of(a.type, statics)
+            t = self.type_of(a.type, statics).model_copy(update={"taint": frozenset({a.name})})
             if a.family is not None:
                 key = member_key(a.name)
                 if key is None or key[1] != a.family.var:
@@ -1255,9 +1300,11 @@ class _ModuleElaborator(_Body):
                                                            declared.shape):
                 raise FgcError(f"module `{mod.name}` computes {fmt(ref.type)} but declares "
                                f"{fmt(declared)}", heads[0].span)
-            outs.append(Value(name=ref.op.name or "%const", type=declared))
+            outs.append(Value(name=ref.op.name or "%const", type=declared.model_copy(
+                update={"neg_inf": ref.type.neg_inf, "taint": ref.type.taint})))
         fn.eqns = self.block
         fn.outputs = outs
+        fn.mask_products = dict(self.mask_products)
         _name_instances(fn.eqns, top)
         top.functions.pop(mod.name + "\0partial", None)
         fn.builtin = mod.span.file.endswith("stdlib.fgpt")
