@@ -167,6 +167,7 @@ def cmd_check(args) -> int:
     worst = EXIT_OK
     for path in _expand_paths(args.files):
         sources = Sources()
+        internal = False
         try:
             spec = load(path)
             sources = spec.sources
@@ -174,9 +175,19 @@ def cmd_check(args) -> int:
         except FgcError as e:
             errors, warnings = e.diagnostics, []
             sources = getattr(e, "sources", sources)
+        except RecursionError:
+            errors = [_diag(f"{path}: too deeply nested to check")]
+            warnings = []
+        except Exception as e:  # noqa: BLE001 - report this file, go on with the others
+            if os.environ.get("FGC_DEBUG"):
+                raise
+            errors = [_diag(f"internal error while checking {path}: {type(e).__name__}: {e} "
+                            "(a bug in fgc, not in the spec; please report it)")]
+            warnings = []
+            internal = True
         failed = bool(errors) or (args.strict and bool(warnings))
         if failed:
-            worst = EXIT_SPEC
+            worst = max(worst, EXIT_INTERNAL if internal else EXIT_SPEC)
         results.append((path, errors, warnings, sources, failed))
     if args.format == "json":
         out = {"ok": worst == EXIT_OK, "files": [
@@ -201,6 +212,11 @@ def cmd_check(args) -> int:
                 note = f", {len(warnings)} warning{'s' * (len(warnings) != 1)}" if warnings else ""
                 print(f"{path}: ok{note}")
     return worst
+
+
+def _diag(message: str):
+    from .errors import Diagnostic
+    return Diagnostic("error", message)
 
 
 def _expand_paths(paths: list[str]) -> list[str]:

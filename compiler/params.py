@@ -27,11 +27,16 @@ class Entry:
     shape: tuple[Poly, ...]
     family: Poly | None
     per_use: Poly  # elements in one copy
-    copies: Poly  # layers (or 1)
+    copies: Poly  # layers (or 1) times the members of any family the use sits in
     in_layers: bool
     shared: bool
     guards: list[ir.Guard] = field(default_factory=list)
     span: object = None
+    layers: Poly | None = None  # the layer copies alone (copies without family members)
+
+    def __post_init__(self) -> None:
+        if self.layers is None:
+            self.layers = self.copies
 
     @property
     def total(self) -> Poly:
@@ -92,24 +97,24 @@ def _count_block(eqns: list[Eqn], functions, entries: list[Entry], loop: ir.Loop
         seen.add(inst)
         shared = loop is not None and inst in loop.shared
         if loop is None or shared:
-            copies = Poly.const(1)
+            layers = Poly.const(1)
         else:
-            copies = _layers_where(loop, e.guards, layer_env)
-        if e.family is not None:
-            copies = copies * e.family[1]
-        _instance(functions, e.attrs["module"], e.attrs["bindings"], (inst,), copies,
+            layers = _layers_where(loop, e.guards, layer_env)
+        members = e.family[1] if e.family is not None else Poly.const(1)
+        _instance(functions, e.attrs["module"], e.attrs["bindings"], (inst,), layers, members,
                   loop is not None, shared, e.guards, entries)
 
 
-def _instance(functions, module: str, bindings: dict, path: tuple[str, ...], copies: Poly,
-              in_layers: bool, shared: bool, guards, entries: list[Entry]) -> None:
+def _instance(functions, module: str, bindings: dict, path: tuple[str, ...], layers: Poly,
+              members: Poly, in_layers: bool, shared: bool, guards, entries: list[Entry]) -> None:
     fn = functions[module]
     env = {k: v for k, v in bindings.items() if isinstance(v, Poly)}
     for p in fn.params:
         shape = tuple(d.subs(env) for d in p.type.shape)
         family = p.type.family.subs(env) if p.type.family is not None else None
         entries.append(Entry(path, p.name, p.declared, shape, family, _numel(shape, family),
-                             copies, in_layers, shared, list(guards), p.span))
+                             layers * members, in_layers, shared, list(guards), p.span,
+                             layers=layers))
     seen: set[str] = set()
     for e in fn.eqns:
         if e.op != "call" or e.attrs["instance"] in seen:
@@ -117,11 +122,11 @@ def _instance(functions, module: str, bindings: dict, path: tuple[str, ...], cop
         seen.add(e.attrs["instance"])
         inner = {k: (v.subs(env) if isinstance(v, Poly) else v)
                  for k, v in e.attrs["bindings"].items()}
-        inner_copies = copies
+        inner_members = members
         if e.family is not None:
-            inner_copies = copies * e.family[1].subs(env)
+            inner_members = members * e.family[1].subs(env)
         _instance(functions, e.attrs["module"], inner, path + (e.attrs["instance"],),
-                  inner_copies, in_layers, shared, guards, entries)
+                  layers, inner_members, in_layers, shared, guards, entries)
 
 
 def _layers_where(loop: ir.Loop, guards: list[ir.Guard], layer_env: dict | None) -> Poly:
@@ -154,11 +159,11 @@ def formula(c: Count) -> str:
     groups: dict[Poly, Poly] = {}
     order: list[Poly] = []
     for e in c.entries:
-        key = e.copies
+        key = e.layers
         if key not in groups:
             groups[key] = Poly()
             order.append(key)
-        groups[key] = groups[key] + e.per_use
+        groups[key] = groups[key] + e.total / key
     parts = []
     one = Poly.const(1)
     for key in sorted(order, key=lambda k: (k != one, str(k))):
@@ -183,8 +188,8 @@ def per_module(c: Count) -> list[tuple[str, Poly, Poly]]:
     for e in c.entries:
         key = e.path[0] if e.path else e.name
         if key not in rows:
-            rows[key] = [Poly(), e.copies]
-        rows[key][0] = rows[key][0] + e.per_use
+            rows[key] = [Poly(), e.layers]
+        rows[key][0] = rows[key][0] + e.total / e.layers
     return [(k, v[0], v[1]) for k, v in rows.items()]
 
 

@@ -277,6 +277,8 @@ PRIMITIVES: dict[str, Primitive] = dict([
     _p("tanh", 1, unary("real"), "hyperbolic tangent"),
     _p("sigmoid", 1, unary("real"), "1 / (1 + e^-a)"),
     _p("erf", 1, unary("real"), "the error function"),
+    _p("sin", 1, unary("real"), "sine (sinusoidal positions)"),
+    _p("cos", 1, unary("real"), "cosine"),
     _p("abs", 1, unary(), "|a|"),
     # comparisons and logic (used by masks and comprehensions)
     _p("eq", 2, elementwise("bool"), "a == b"),
@@ -308,7 +310,8 @@ PRIMITIVES: dict[str, Primitive] = dict([
 ])
 
 # Primitives a spec calls by name; the rest come from operators and comprehensions.
-CALLABLE = {"max", "min", "pow", "exp", "log", "sqrt", "tanh", "sigmoid", "erf", "abs", "sum",
+CALLABLE = {"max", "min", "pow", "exp", "log", "sqrt", "tanh", "sigmoid", "erf", "sin", "cos",
+            "abs", "sum",
             "mean", "amax", "concat", "invperm", "vconcat", "argmax", "argsort", "stopgrad"}
 
 BINARY_OPS = {"+": "add", "-": "sub", "*": "mul", "/": "div", "@": "matmul", "%": "mod"}

@@ -137,6 +137,14 @@ class Statics:
                        _span_of(e))
 
 
+def _foldable(a: Ref, b: Ref) -> bool:
+    """Constants fold unless a float meets a symbolic size (1.0 / N stays an operation)."""
+    ca, cb = a.op.const, b.op.const
+    if isinstance(ca, float) or isinstance(cb, float):
+        return all(isinstance(c, float) or c.is_const() for c in (ca, cb))
+    return True
+
+
 def _to_float(x: Poly | float) -> float:
     if isinstance(x, float):
         return x
@@ -446,7 +454,10 @@ class _Body:
     _divisibility_hint = Elaborator._divisibility_hint
 
     # ------------------------------------------------------------ constants
-    def const(self, value: Poly | float) -> Ref:
+    def const(self, value: Poly | float, real: bool = False) -> Ref:
+        if real and isinstance(value, Poly) and not (
+                value.is_const() and value.const_value().denominator == 1):
+            return Ref(Operand(const=value), TensorType(dtype="real", shape=()))
         if isinstance(value, float):
             return Ref(Operand(const=value), TensorType(dtype="real", shape=(),
                                                         neg_inf=value == -math.inf))
@@ -505,16 +516,23 @@ class _Body:
     def family_eq(self, name: str, value: S.Expr, fam: S.Family, span: Span) -> None:
         key = member_key(name)
         if key is None or key[1] != fam.var:
-            raise FgcError(f"`{name}` is defined for each {fam.var} in a range, so its name must "
-                           f"end in _{fam.var}", span, f"write it as `{name}_{fam.var}`")
+            raise FgcError(f"`{name}` is defined for each {fam.var} in a range, so its name "
+                           f"ends in _{fam.var}", span,
+                           f"write it as `{_family_spelling(name, fam.var)}`")
         size = self._family_size(fam)
         if self.family is not None:
             raise FgcError("families cannot be nested", fam.span)
         self.family = FamilyCtx(fam.var, size)
+        shadowed = self.scope.symbols.get(fam.var)
+        self.scope.symbols[fam.var] = Poly.sym(fam.var)  # the member's index, 1..size
         try:
             ref = self.expr(value)
         finally:
             self.family = None
+            if shadowed is None:
+                del self.scope.symbols[fam.var]
+            else:
+                self.scope.symbols[fam.var] = shadowed
         if self.is_const(ref):
             raise FgcError("a family must be computed from other values", span)
         whole = Ref(Operand(name=key[0], whole_family=True),
@@ -563,8 +581,10 @@ class _Body:
 
     def e_BinOp(self, e: S.BinOp) -> Ref:
         a, b = self.expr(e.left), self.expr(e.right)
-        if self.is_const(a) and self.is_const(b) and e.op != "@":
-            return self.const(self._fold(e.op, a.op.const, b.op.const, e.span))
+        if self.is_const(a) and self.is_const(b) and e.op != "@" and _foldable(a, b):
+            value = self._fold(e.op, a.op.const, b.op.const, e.span)
+            return self.const(value, real=e.op == "/" or a.type.dtype == "real"
+                              or b.type.dtype == "real")
         return self.apply(BINARY_OPS[e.op], [a, b], e.span)
 
     def _fold(self, op: str, a, b, span):
@@ -687,21 +707,23 @@ class _Body:
             if quiet:
                 return None
             raise
+        finished = self._finished_layer(base, layer, value)
         if loop is not None:
             lvar = Poly.sym(loop.var)
             if value == lvar:
                 return f"{base}^({loop.var})"
             if value == lvar - 1 and not define:
                 return self._carried(base, span)
+            if finished is not None and not define:
+                return finished
             if quiet:
                 return None
             raise FgcError(f"inside the layers, `{base}` can be indexed by ({loop.var}) or "
                            f"({loop.var}-1), not ({_show_expr(layer)})", span)
         if isinstance(value, Poly) and value == Poly.const(0):
             return f"{base}^(0)"
-        for hi_text, hi in self.loop_results:
-            if isinstance(value, Poly) and self.hypers.same(value, hi):
-                return f"{base}^({hi_text})"
+        if finished is not None:
+            return finished
         if quiet:
             return None
         if define:
@@ -709,6 +731,18 @@ class _Body:
                            span)
         raise FgcError(f"`{base}^({_show_expr(layer)})`: outside the layers, use ^(0) or the "
                        "last layer", span)
+
+    def _finished_layer(self, base: str, layer: S.Expr, value) -> str | None:
+        """`X^(N)` after a block over 1..N: prefer the bound as written, then by value."""
+        written = f"{base}^({_show_expr(layer)})"
+        if written in self.scope.values:
+            return written
+        for hi_text, hi in self.loop_results:
+            name = f"{base}^({hi_text})"
+            if name in self.scope.values and isinstance(value, Poly) \
+                    and self.hypers.same(value, hi):
+                return name
+        return None
 
     loop_results: list[tuple[str, Poly]] = []
 
@@ -1152,7 +1186,7 @@ _KEEPS_NEG_INF = {"add", "sub", "mul", "select", "index", "transpose", "broadcas
                   "vconcat", "max", "min", "stopgrad"}
 
 _FOLD = {"sqrt": math.sqrt, "exp": math.exp, "log": math.log, "tanh": math.tanh,
-         "erf": math.erf, "abs": abs}
+         "erf": math.erf, "abs": abs, "sin": math.sin, "cos": math.cos}
 
 
 class _Undecided(Exception):
@@ -1317,8 +1351,9 @@ class _ModuleElaborator(_Body):
         if p.family is not None:
             key = member_key(p.name)
             if key is None or key[1] != p.family.var:
-                raise FgcError(f"a parameter family is named with its index: "
-                               f"`{p.name}_{p.family.var}` for {p.family.var} in ...", p.span)
+                raise FgcError("a parameter family is named with its index as the last "
+                               "subscript", p.span,
+                               f"write `{_family_spelling(p.name, p.family.var)}`")
             t = t.model_copy(update={"family": self._family_size(p.family)})
             param = ir.Param(name=key[0], type=t, span=p.span, declared=p.name)
             if key[0] in self.scope.param_families:
@@ -1341,8 +1376,17 @@ class _ModuleElaborator(_Body):
         for w in eq.where:
             self.where_eq(w)
         if len(eq.lhs) != 1:
-            raise FgcError("only a module call returning several values has several names "
-                           "on the left", eq.span)
+            if not isinstance(eq.rhs, S.Call) or not all(isinstance(x, S.LhsName)
+                                                         for x in eq.lhs):
+                raise FgcError("several names on the left need a module call returning as "
+                               "many values", eq.span)
+            refs = self.call(eq.rhs)
+            if len(refs) != len(eq.lhs):
+                raise FgcError(f"`{eq.rhs.func}` returns {len(refs)} values but "
+                               f"{len(eq.lhs)} names are given", eq.span)
+            for x, ref in zip(eq.lhs, refs):
+                self.bind(x.name, ref, x.span)
+            return
         lhs = eq.lhs[0]
         if not isinstance(lhs, S.LhsName):
             raise FgcError("inside a module, the left-hand side is a plain name", lhs.span)
@@ -1410,6 +1454,14 @@ class _ModuleElaborator(_Body):
         return self.apply("broadcast_to", [value], eq.span, {"shape": shape})
 
 
+def _family_spelling(name: str, var: str) -> str:
+    """`W^A_i` -> `W_i^A`; `W` -> `W_i`: the subscript goes before the superscript."""
+    base, _, sup = name.partition("^")
+    if sup.endswith("_" + var):
+        sup = sup[: -len(var) - 1]
+    return f"{base}_{var}" + (f"^{sup}" if sup else "")
+
+
 def _input_stem(a: S.ArgDecl) -> str:
     if a.family is not None:
         key = member_key(a.name)
@@ -1448,6 +1500,7 @@ class ModelElaborator(_Body):
         super().__init__(top, hypers)
         self.model = model
         self.loop_results: list[tuple[str, Poly]] = []
+        self.share_spans: dict[int, list[tuple[str, Span]]] = {}
         self.scope.symbols = dict(hypers.values)
         self.scope.real_symbols = {k for k, v in hypers.values.items() if isinstance(v, float)}
         self.statics = Statics(self.scope.symbols, top.file)
@@ -1457,9 +1510,10 @@ class ModelElaborator(_Body):
         inputs = []
         for a in m.inputs:
             self.statement(a, self._input)
-            ref = self.scope.values.get(a.name)
+            key = member_key(a.name)[0] if a.family is not None and member_key(a.name) else None
+            ref = self.scope.families.get(key) if key else self.scope.values.get(a.name)
             if ref is not None and ref is not POISON:
-                inputs.append(Value(name=a.name, type=ref.type))
+                inputs.append(Value(name=key or a.name, type=ref.type))
         params = []
         for p in m.params:
             try:
@@ -1495,15 +1549,42 @@ class ModelElaborator(_Body):
             self.top._error(f"model `{m.name}` has no output", m.span,
                             "add `output name = ...`")
         _name_instances(body, self.top)
+        for item in body:
+            if isinstance(item, ir.Loop):
+                item.shared = self._expand_shared(item, self.share_spans.get(id(item), []))
         return ir.Model(
             name=m.name, inputs=inputs, params=params, outputs=outputs,
             param_uses={k: sorted(v) for k, v in self.param_uses.items()},
             span=m.span, body=body)
 
+    def _expand_shared(self, loop: ir.Loop, shared: list[tuple[str, Span]]) -> list[str]:
+        """`share X`: X is an instance (a label, `LN_2`) or a module, meaning all its uses."""
+        calls = [e for e in loop.body if e.op == "call"]
+        instances = {e.attrs["instance"] for e in calls}
+        out: list[str] = []
+        for name, span in shared:
+            if name in instances:
+                found = [name]
+            else:
+                found = sorted({e.attrs["instance"] for e in calls if e.attrs["module"] == name})
+            if not found:
+                self.top._error(f"`share {name}`: no module use named `{name}` in these layers",
+                                span, _suggest(name, sorted(instances)))
+            out.extend(f for f in found if f not in out)
+        return out
+
     def _input(self, a: S.ArgDecl) -> None:
-        if a.family is not None:
-            raise FgcError("a model input cannot be a family", a.family.span)
         t = self.type_of(a.type, self.statics)
+        if a.family is not None:
+            key = member_key(a.name)
+            if key is None or key[1] != a.family.var:
+                raise FgcError("a family input is named with its index", a.span,
+                               f"write `{_family_spelling(a.name, a.family.var)}`")
+            t = t.model_copy(update={"family": self._family_size(a.family)})
+            if key[0] in self.scope.families or key[0] in self.scope.values:
+                raise FgcError(f"input `{a.name}` is declared twice", a.span)
+            self.scope.families[key[0]] = Ref(Operand(name=key[0], whole_family=True), t)
+            return
         if any(isinstance(d, Ell) for d in t.shape):
             raise FgcError("a model input has a known shape; `...` is for module signatures",
                            a.span)
@@ -1625,11 +1706,7 @@ class ModelElaborator(_Body):
         self.loop_results.append((hi_text, hi))
         ir_loop = ir.Loop(var=loop.var, lo=ONE, hi=hi, body=body, carried=carried,
                           shared=[n for n, _ in shared], span=loop.span, results=results)
-        names = {e.attrs.get("label") or e.attrs["module"] for e in body if e.op == "call"}
-        for n, span in shared:
-            if n not in names and n not in _default_names(body):
-                self.top._error(f"`share {n}`: no module use named `{n}` in these layers", span,
-                                _suggest(n, sorted(names | set(_default_names(body)))))
+        self.share_spans[id(ir_loop)] = shared
         return ir_loop
 
 
