@@ -144,7 +144,11 @@ def _configure(spec, args):
         return None, EXIT_USAGE
     preset = args.preset
     if preset is None and not sets:
-        preset = spec.default_preset()
+        try:
+            preset = spec.default_preset()
+        except FgcError as e:
+            _print_diagnostics(e.diagnostics, spec.sources)
+            return None, EXIT_SPEC
     if preset is not None and preset not in spec.presets():
         avail = ", ".join(spec.presets()) or "none"
         print(f"fgc: error: `{spec.model.name}` has no preset `{preset}` (presets: {avail})",
@@ -165,7 +169,10 @@ def cmd_check(args) -> int:
     from .pipeline import load
     results = []
     worst = EXIT_OK
-    for path in _expand_paths(args.files):
+    paths = _expand_paths(args.files)
+    if paths is None:
+        return EXIT_USAGE
+    for path in paths:
         sources = Sources()
         internal = False
         try:
@@ -219,13 +226,17 @@ def _diag(message: str):
     return Diagnostic("error", message)
 
 
-def _expand_paths(paths: list[str]) -> list[str]:
+def _expand_paths(paths: list[str]) -> list[str] | None:
     """Directories stand for every .fgpt file below them, in sorted order."""
     from pathlib import Path
     out = []
     for p in paths:
         if Path(p).is_dir():
-            out.extend(sorted(str(f) for f in Path(p).rglob("*.fgpt")))
+            found = sorted(str(f) for f in Path(p).rglob("*.fgpt"))
+            if not found:
+                print(f"fgc: error: {p}: no .fgpt files found", file=sys.stderr)
+                return None
+            out.extend(found)
         else:
             out.append(p)
     return out

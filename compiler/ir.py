@@ -188,7 +188,8 @@ class Loop(_Base):
     body: list[Eqn]
     carried: list[Carried]
     shared: list[str] = Field(default_factory=list)
-    results: list[str] = Field(default_factory=list)  # X^(l) visible as X^(L) afterwards
+    results: list[tuple[str, str]] = Field(default_factory=list)  # (X^(l), X^(L)): the last
+    # layer's value of X^(l) is X^(L) after the layers
     span: Span | None = None
 
 

@@ -14,7 +14,7 @@ from .errors import FgcError, Span
 
 GRAMMAR = Path(__file__).with_name("grammar.lark")
 
-MAX_DEPTH = 200  # nesting depth of one expression; deeper input is rejected, not recursed into
+MAX_DEPTH = 400  # depth of one expression's tree; deeper input is rejected, not recursed into
 MAX_NUMBER_DIGITS = 40
 
 _SUFFIX = {"K": 10**3, "M": 10**6, "B": 10**9, "T": 10**12}
@@ -99,7 +99,8 @@ def _check_depth(tree: Tree, filename: str) -> None:
         node, depth = stack.pop()
         if depth > MAX_DEPTH:
             meta = node.meta
-            raise FgcError(f"expression nested more than {MAX_DEPTH} levels deep",
+            raise FgcError(f"expression more than {MAX_DEPTH} operations deep (nested "
+                           "brackets and calls, or a long chain of operators)",
                            Span(filename, meta.line, meta.column),
                            "split it into named intermediate equations")
         for child in node.children:

@@ -21,7 +21,8 @@ from .shapes import Elaborator, Hypers, ModelElaborator, Statics, _show_expr
 from .symbolic import Poly, format_int, format_poly, human
 
 STDLIB = Path(__file__).parent / "stdlib" / "stdlib.fgpt"
-MAX_FILE_BYTES = 8 * 1024 * 1024
+MAX_FILE_BYTES = 512 * 1024  # the largest shipped spec is a few KiB
+MAX_LINE = 10_000  # characters; longer lines are generated or corrupt, not written
 
 
 @functools.lru_cache(maxsize=1)
@@ -75,9 +76,11 @@ def read_source(path: str) -> str:
     except UnicodeDecodeError as e:
         before = data[: e.start]
         line = before.count(b"\n") + 1
-        col = len(before) - (before.rfind(b"\n") + 1) + 1
-        raise FgcError(f"invalid UTF-8 byte 0x{data[e.start]:02x}", Span(path, line, col),
-                       "specs are UTF-8 text") from None
+        col = len(before[before.rfind(b"\n") + 1:].decode("utf-8", errors="replace")) + 1
+        err = FgcError(f"invalid UTF-8 byte 0x{data[e.start]:02x}", Span(path, line, col),
+                       "specs are UTF-8 text")
+        err.text = data.decode("utf-8", errors="replace")  # type: ignore[attr-defined]
+        raise err from None
 
 
 @dataclass
@@ -545,8 +548,21 @@ def load(path: str, text: str | None = None) -> Spec:
     std_text, std = _stdlib()
     sources.add("stdlib.fgpt", std_text)
     if text is None:
-        text = read_source(path)
+        try:
+            text = read_source(path)
+        except FgcError as e:
+            if hasattr(e, "text"):
+                sources.add(path, e.text)
+            e.sources = sources  # type: ignore[attr-defined]
+            raise
     sources.add(path, text)
+    for lineno, line in enumerate(text.split("\n"), 1):
+        if len(line) > MAX_LINE:
+            err = FgcError(f"line {lineno} is {len(line):,} characters long", Span(
+                path, lineno, MAX_LINE + 1), f"fgc reads lines of at most {MAX_LINE:,} "
+                "characters")
+            err.sources = sources  # type: ignore[attr-defined]
+            raise err
     try:
         file = parse_text(text, path)
     except FgcError as e:

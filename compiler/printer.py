@@ -86,6 +86,9 @@ def format_model(m: ir.Model, functions: dict[str, ir.Function] | None = None) -
             lines.append(head)
             for e in item.body:
                 lines.append("    " + format_eqn(e))
+            if item.results:
+                lines.append("  yields " + ", ".join(f"{outer} = {inner}"
+                                                     for inner, outer in item.results))
         else:
             lines.append("  " + format_eqn(item))
     for v in m.outputs:

@@ -38,7 +38,7 @@ from .primitives import (
     fmt,
     fmt_shape,
 )
-from .symbolic import Poly, format_poly
+from .symbolic import Poly, format_int, format_poly
 
 MAX_DIM = 2**48  # a dimension beyond this is certainly a mistake
 MAX_LAYERS = 100_000
@@ -107,6 +107,12 @@ class Statics:
         if isinstance(e, S.BinOp):
             a, b = self._eval(e.left, names), self._eval(e.right, names)
             if isinstance(a, float) or isinstance(b, float):
+                for side, v in ((e.left, a), (e.right, b)):
+                    if isinstance(v, Poly) and not v.is_const():
+                        other = e.right if side is e.left else e.left
+                        raise FgcError(f"`{_show_expr(other)}` is a real number, so "
+                                       f"`{_show_expr(e)}` cannot be a size", e.span,
+                                       "sizes are whole numbers")
                 a, b = _to_float(a), _to_float(b)
                 return {"+": a + b, "-": a - b, "*": a * b, "/": a / b if b else math.inf,
                         "%": a % b if b else math.nan}.get(e.op, math.nan)
@@ -288,7 +294,7 @@ class Elaborator:
                 if v <= 0:
                     raise FgcError(f"dimension {v} is not positive", span, self._values_hint(d))
                 if v > MAX_DIM:
-                    raise FgcError(f"dimension {v:,} is absurdly large", span)
+                    raise FgcError(f"dimension {format_int(v)} is absurdly large", span)
 
     def _values_hint(self, d) -> str | None:
         if self.hypers.preset:
@@ -346,7 +352,7 @@ class Elaborator:
                 raise FgcError(f"dimension {_show_expr(e)} = {c} is not positive", e.span,
                                self._values_hint(v))
             if abs(c) > MAX_DIM:
-                raise FgcError(f"dimension {_show_expr(e)} = {c:,} is absurdly large", e.span,
+                raise FgcError(f"dimension {_show_expr(e)} = {format_int(c)} is absurdly large", e.span,
                                f"dimensions above {MAX_DIM:,} are rejected")
         return v
 
@@ -527,6 +533,10 @@ class _Body:
         self.scope.symbols[fam.var] = Poly.sym(fam.var)  # the member's index, 1..size
         try:
             ref = self.expr(value)
+            if not self.is_const(ref) and not (
+                    self.block and self.block[-1].outs[0].name == ref.op.name):
+                # the member is an existing value: give the family its own equation
+                ref = self.apply("broadcast_to", [ref], span, {"shape": ref.type.shape})
         finally:
             self.family = None
             if shadowed is None:
@@ -825,7 +835,7 @@ class _Body:
                            f"members are written {base.split('^')[0]}_1 .. "
                            f"{base.split('^')[0]}_{format_poly(size)}, or with the index of "
                            "a `for` clause")
-        if isinstance(index, Poly) and self.hypers.numeric and index.is_const() and size.is_const():
+        if isinstance(index, Poly) and index.is_const() and size.is_const():
             k = index.const_value()
             if not 1 <= k <= size.const_value():
                 raise FgcError(f"`{name}`: member {k} of a family of {size.const_value()}", span)
@@ -1501,6 +1511,7 @@ class ModelElaborator(_Body):
         self.model = model
         self.loop_results: list[tuple[str, Poly]] = []
         self.share_spans: dict[int, list[tuple[str, Span]]] = {}
+        self.def_spans: dict[str, Span] = {}
         self.scope.symbols = dict(hypers.values)
         self.scope.real_symbols = {k for k, v in hypers.values.items() if isinstance(v, float)}
         self.statics = Statics(self.scope.symbols, top.file)
@@ -1639,6 +1650,7 @@ class ModelElaborator(_Body):
                                lhs.span, "choose another name")
         if name in self.scope.values and not name.startswith("%"):
             raise FgcError(f"`{name}` is defined twice", lhs.span)
+        self.def_spans[name] = eq.span
         self.bind(name, ref, lhs.span)
 
     def statement_loop(self, loop: S.Loop) -> ir.Loop | None:
@@ -1653,7 +1665,7 @@ class ModelElaborator(_Body):
                             f"write `layers {loop.var} in 1..{_show_expr(loop.hi)}`")
             return None
         if self.hypers.numeric and hi.is_const() and hi.const_value() > MAX_LAYERS:
-            self.top._error(f"{hi.const_value():,} layers is absurdly many", loop.hi.span,
+            self.top._error(f"{format_int(hi.const_value())} layers is absurdly many", loop.hi.span,
                             f"at most {MAX_LAYERS:,} layers are accepted")
             return None
         if self.loop is not None:
@@ -1682,7 +1694,8 @@ class ModelElaborator(_Body):
                     self.top._error(
                         f"`{c.result}` is {fmt(result.type)} but `{c.inner}` is "
                         f"{fmt(inner.type)}: each layer must keep the shape it carries",
-                        loop.span, f"the layers carry `{c.name}` from one layer to the next")
+                        self.def_spans.get(c.result, loop.span),
+                        f"the layers carry `{c.name}` from one layer to the next")
             body = self.block
             carried = list(self.loop.carried.values())
         finally:
@@ -1697,8 +1710,9 @@ class ModelElaborator(_Body):
                 continue
             if name.endswith(f"^({loop.var})"):
                 base = name[: -len(f"^({loop.var})")]
-                self.scope.values[f"{base}^({hi_text})"] = Ref(Operand(name=name), ref.type)
-                results.append(name)
+                outer = f"{base}^({hi_text})"
+                self.scope.values[outer] = Ref(Operand(name=outer), ref.type)
+                results.append((name, outer))
         # values local to one layer are not visible after the layers
         for name in list(self.scope.values):
             if name not in before and not name.endswith(f"^({hi_text})"):
