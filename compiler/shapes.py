@@ -352,7 +352,8 @@ class Elaborator:
                 raise FgcError(f"dimension {_show_expr(e)} = {c} is not positive", e.span,
                                self._values_hint(v))
             if abs(c) > MAX_DIM:
-                raise FgcError(f"dimension {_show_expr(e)} = {format_int(c)} is absurdly large", e.span,
+                raise FgcError(f"dimension {_show_expr(e)} = {format_int(c)} is absurdly large",
+                               e.span,
                                f"dimensions above {MAX_DIM:,} are rejected")
         return v
 

@@ -32,3 +32,19 @@ def run_fgc():
 
 def all_specs() -> list[Path]:
     return sorted(SPECS.rglob("*.fgpt"))
+
+
+# ---------------------------------------------------------------- golden files
+
+GOLDEN = ROOT / "tests" / "golden"
+
+
+def pytest_addoption(parser):
+    parser.addoption("--update-golden", action="store_true", default=False,
+                     help="rewrite the files under tests/golden/ from fgc's current output "
+                          "instead of comparing with them")
+
+
+@pytest.fixture
+def update_golden(request) -> bool:
+    return bool(request.config.getoption("--update-golden"))
