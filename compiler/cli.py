@@ -208,7 +208,8 @@ def cmd_check(args) -> int:
                 kind = "error" if d.severity == "error" or args.strict else "warning"
                 loc = ""
                 if d.span is not None:
-                    loc = f" file={d.span.file},line={d.span.line},col={d.span.column}"
+                    loc = (f" file={_gh_property(d.span.file)},line={d.span.line},"
+                           f"col={d.span.column}")
                 msg = d.message + (f" (help: {d.hint})" if d.hint else "")
                 msg = msg.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
                 print(f"::{kind}{loc}::{msg}")
@@ -219,6 +220,12 @@ def cmd_check(args) -> int:
                 note = f", {len(warnings)} warning{'s' * (len(warnings) != 1)}" if warnings else ""
                 print(f"{path}: ok{note}")
     return worst
+
+
+def _gh_property(value: str) -> str:
+    """Escape a workflow-command property value (`,` and `:` end it)."""
+    return (value.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+            .replace(":", "%3A").replace(",", "%2C"))
 
 
 def _diag(message: str):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 
@@ -30,7 +31,8 @@ class Diagnostic:
     notes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict:
-        out = {"severity": self.severity, "message": self.message, "hint": self.hint}
+        out = {"severity": self.severity, "message": elide(self.message),
+               "hint": elide(self.hint) if self.hint else None}
         if self.span is not None:
             out.update(file=self.span.file, line=self.span.line, column=self.span.column)
         return out
@@ -71,11 +73,18 @@ class Sources:
 
 
 _WINDOW = 100  # characters of a long source line shown around the caret
+_LONG_QUOTE = re.compile(r"`([^`\n]{41,})`")
+
+
+def elide(text: str) -> str:
+    """Shorten quoted names longer than 40 characters: `Yyyyyyy…(9,900 characters)`."""
+    return _LONG_QUOTE.sub(lambda m: f"`{m.group(1)[:30]}…({len(m.group(1)):,} characters)`",
+                           text)
 
 
 def render(diag: Diagnostic, sources: Sources) -> str:
     """Format a diagnostic as `file:line:col: error: message`, the line, a caret, `help:`."""
-    head = f"{diag.severity}: {diag.message}"
+    head = f"{diag.severity}: {elide(diag.message)}"
     if diag.span is None:
         lines = [head]
     else:
@@ -99,5 +108,5 @@ def render(diag: Diagnostic, sources: Sources) -> str:
     for note in diag.notes:
         lines.append(f"  = note: {note}")
     if diag.hint:
-        lines.append(f"  = help: {diag.hint}")
+        lines.append(f"  = help: {elide(diag.hint)}")
     return "\n".join(lines)

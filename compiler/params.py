@@ -133,6 +133,11 @@ def _layers_where(loop: ir.Loop, guards: list[ir.Guard], layer_env: dict | None)
     hi = loop.hi
     if not guards:
         return hi
+    parity = [f"{loop.var} is even", f"{loop.var} is odd"]
+    if len(guards) == 1 and guards[0].text in parity and hi.is_const():
+        n = int(hi.const_value())
+        even = guards[0].text.endswith("even") == guards[0].positive
+        return Poly.const(n // 2 if even else (n + 1) // 2)
     if layer_env is not None and hi.is_const():
         n = int(hi.const_value())
         hits = 0

@@ -292,8 +292,11 @@ class Spec:
                                         f"whole number ({label})", span))
                 continue
             c = v.const_value()
-            if c.denominator != 1:
-                h = decls[name]
+            if c.denominator != 1 and (h.default is None or _is_literal(h.default)
+                                       or name in spans):
+                diags.append(Diagnostic("error", f"{name} = {_decimal(c)} sizes a tensor but "
+                                        f"is not a whole number ({label})", span))
+            elif c.denominator != 1:
                 hint = None
                 if h.default is not None and isinstance(h.default, S.BinOp) and h.default.op == "/":
                     hint = (f"{_show_expr(h.default.right)} must divide "
@@ -388,6 +391,10 @@ class Spec:
                 value = Statics(hypers.values, self.path).eval(exp.value)
             except FgcError as e:
                 errors.extend(e.diagnostics)
+                continue
+            if isinstance(value, float):
+                errors.append(Diagnostic("error", "expected a whole number of parameters",
+                                         exp.span))
                 continue
             if isinstance(value, Poly) and not value.is_const():
                 if exp.op == "~":
@@ -487,6 +494,23 @@ def _differs(a, b) -> bool:
     return fa != fb
 
 
+def _decimal(c: Fraction) -> str:
+    """17/2 -> 8.5; 1/3 -> 1/3."""
+    d = c.denominator
+    k = 0
+    while d % 10 == 0 or d % 2 == 0 or d % 5 == 0:
+        if d % 10 == 0:
+            d //= 10
+        elif d % 2 == 0:
+            d //= 2
+        else:
+            d //= 5
+        k += 1
+        if d == 1:
+            return f"{float(c):.{k}f}".rstrip("0").rstrip(".")
+    return f"{c.numerator}/{c.denominator}"
+
+
 def _show_value(v) -> str:
     if isinstance(v, Fraction) and v.denominator == 1:
         return str(v.numerator)
@@ -555,6 +579,7 @@ def load(path: str, text: str | None = None) -> Spec:
                 sources.add(path, e.text)
             e.sources = sources  # type: ignore[attr-defined]
             raise
+    text = text.replace("\r\n", "\n").replace("\r", "\n")  # any line ending reads as one
     sources.add(path, text)
     for lineno, line in enumerate(text.split("\n"), 1):
         if len(line) > MAX_LINE:

@@ -129,6 +129,8 @@ class Statics:
                     raise FgcError("division by zero in a size expression", e.span)
                 return a / b
             if e.op == "%":
+                if b.is_const() and b.const_value() == 0:
+                    raise FgcError("modulo by zero in a size expression", e.span)
                 return Poly.apply("mod", a, b)
             raise FgcError(f"`{e.op}` cannot appear in a size expression", e.span)
         if isinstance(e, S.Call) and e.func in ("floor", "ceil", "max", "min") and e.args:
@@ -603,10 +605,12 @@ class _Body:
             a, b = _to_float(a), _to_float(b)
             if op == "/" and b == 0:
                 raise FgcError("division by zero", span)
+            if op == "%" and b == 0:
+                raise FgcError("modulo by zero", span)
             return {"+": a + b, "-": a - b, "*": a * b, "/": a / b if b else 0.0,
                     "%": a % b if b else 0.0}[op]
-        if op == "/" and b.is_const() and b.const_value() == 0:
-            raise FgcError("division by zero", span)
+        if op in "/%" and b.is_const() and b.const_value() == 0:
+            raise FgcError("division by zero" if op == "/" else "modulo by zero", span)
         if op == "%":
             return Poly.apply("mod", a, b)
         return {"+": a.__add__, "-": a.__sub__, "*": a.__mul__, "/": a.__truediv__}[op](b)
@@ -1655,6 +1659,10 @@ class ModelElaborator(_Body):
         self.bind(name, ref, lhs.span)
 
     def statement_loop(self, loop: S.Loop) -> ir.Loop | None:
+        defined = {lhs.name for st in loop.body if isinstance(st, S.Equation)
+                   for lhs in st.lhs if isinstance(lhs, S.LhsLayer)}
+        for base in defined:  # if the block fails, what it defines must not fail again
+            self.scope.values.setdefault(f"{base}^({_show_expr(loop.hi)})", POISON)
         try:
             lo = self.statics.eval(loop.lo)
             hi = self._dim(loop.hi, self.statics)
@@ -1672,8 +1680,9 @@ class ModelElaborator(_Body):
         if self.loop is not None:
             self.top._error("layers cannot be nested", loop.span)
             return None
-        defined = {lhs.name for st in loop.body if isinstance(st, S.Equation)
-                   for lhs in st.lhs if isinstance(lhs, S.LhsLayer)}
+        for base in defined:
+            if self.scope.values.get(f"{base}^({_show_expr(loop.hi)})") is POISON:
+                del self.scope.values[f"{base}^({_show_expr(loop.hi)})"]
         self.loop = LoopCtx(loop.var, hi, defined)
         outer = self.block
         self.block = []
