@@ -243,12 +243,22 @@ class Elaborator:
 
     def emit(self, op: str, ins: list[Ref], out: TensorType, span: Span | None,
              attrs: dict | None = None, name: str | None = None) -> Ref:
+        family = (self.family.var, self.family.size) if self.family else None
+        key = None
+        if name is None and op not in ("iota",):
+            key = (op, tuple(str(r.op) for r in ins), repr(sorted((attrs or {}).items())),
+                   repr(family), tuple(str(g) for g in self.guards), id(self.block))
+            seen = self._cse.get(key)
+            if seen is not None:
+                return seen
         value = Value(name=name or self._fresh(), type=out)
         eqn = Eqn(outs=[value], op=op, ins=[r.op for r in ins], attrs=attrs or {},
-                  family=(self.family.var, self.family.size) if self.family else None,
-                  guards=list(self.guards), span=span)
+                  family=family, guards=list(self.guards), span=span)
         self.block.append(eqn)
-        return Ref(Operand(name=value.name), out)
+        ref = Ref(Operand(name=value.name), out)
+        if key is not None:
+            self._cse[key] = ref
+        return ref
 
     def apply(self, op: str, ins: list[Ref], span: Span | None, attrs: dict | None = None) -> Ref:
         prim = PRIMITIVES[op]
@@ -375,10 +385,12 @@ class Elaborator:
                            "module definitions may not be recursive")
         mod = self.modules[name]
         self._checking.append(name)
+        saved, self._counter = self._counter, 0  # temporaries are numbered per module
         try:
             fn = _ModuleElaborator(self, mod).run()
         finally:
             self._checking.pop()
+            self._counter = saved
         self.functions[name] = fn
         return fn
 
@@ -447,6 +459,7 @@ class _Body:
         self.param_uses: dict[str, set[str]] = {}
         self.section = "body"
         self.mask_products: dict[str, Span | None] = {}
+        self._cse: dict[tuple, Ref] = {}
 
     # bookkeeping delegated to the elaborator
     def _fresh(self) -> str:
@@ -511,8 +524,12 @@ class _Body:
         if self.block and isinstance(self.block[-1], Eqn) and ref.op.name is not None \
                 and ref.op.name.startswith("%") and self.block[-1].outs[0].name == ref.op.name \
                 and len(self.block[-1].outs) == 1:
+            old = ref.op.name
             self.block[-1].outs[0].name = name
             ref = Ref(Operand(name=name), ref.type)
+            for key, seen in self._cse.items():
+                if seen.op.name == old:
+                    self._cse[key] = ref
         self.scope.values[name] = ref
         return ref
 
@@ -555,6 +572,8 @@ class _Body:
         if last.outs[0].name == ref.op.name:
             last.outs[0].name = key[0]
             last.outs[0].type = whole.type
+            for k in [k for k, seen in self._cse.items() if seen.op.name == ref.op.name]:
+                del self._cse[k]  # a family member is not a plain value any more
         self.scope.families[key[0]] = whole
 
     def _family_size(self, fam: S.Family) -> Poly:

@@ -1,0 +1,53 @@
+"""Every complete ```fgpt example in docs/language.md passes `fgc check`.
+
+A block whose info string is `fgpt fragment` is a piece of a file and is skipped; every
+other `fgpt` block must be a whole file that checks, without warnings. All files go to
+one `fgc check` run.
+"""
+
+from __future__ import annotations
+
+import re
+import textwrap
+
+from conftest import ROOT, fgc
+
+DOC = ROOT / "docs" / "language.md"
+# a fence may be indented (inside a list item); its closing fence has the same indent
+FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<info>[^\n`]*)\n(?P<body>.*?)^(?P=indent)```[ \t]*$",
+                   re.S | re.M)
+
+
+def fgpt_blocks() -> list[tuple[int, str, bool]]:
+    """(line of the opening fence, code, is_fragment) for each ```fgpt block."""
+    text = DOC.read_text(encoding="utf-8")
+    out = []
+    for m in FENCE.finditer(text):
+        info = m.group("info").split()
+        if not info or info[0] != "fgpt":
+            continue
+        line = text.count("\n", 0, m.start()) + 1
+        out.append((line, textwrap.dedent(m.group("body")), "fragment" in info[1:]))
+    return out
+
+
+def test_doc_has_complete_examples():
+    complete = [b for b in fgpt_blocks() if not b[2]]
+    assert len(complete) >= 10, f"only {len(complete)} complete examples in {DOC}"
+
+
+def test_every_complete_example_checks(tmp_path):
+    files = []
+    for line, code, fragment in fgpt_blocks():
+        if fragment:
+            continue
+        # named after the block's line, so a failure points at the doc
+        path = tmp_path / f"language.md-line{line}.fgpt"
+        path.write_text(code, encoding="utf-8")
+        files.append(str(path))
+    r = fgc("check", *files)
+    report = r.stdout + r.stderr
+    assert r.returncode == 0, report
+    for f in files:
+        assert f"{f}: ok\n" in r.stdout, f"{f} did not check cleanly:\n{report}"
+    assert "warning:" not in report, report

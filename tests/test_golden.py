@@ -1,0 +1,125 @@
+"""Golden files: the printed IR of reference specs and `fgc check`'s output on curated mistakes.
+
+tests/golden/ir/*.txt         `fgc ir` of specs/formal/gpt.fgpt and tests/golden/specs/*.fgpt
+tests/golden/errors/X.fgpt    a small spec with one typical mistake
+tests/golden/errors/X.out     what `fgc check tests/golden/errors/X.fgpt` prints, and its exit code
+
+Goldens change only on purpose: `pytest tests/test_golden.py --update-golden` rewrites them from
+fgc's current output; review the diff before committing it. fgc runs from the repository root
+with relative paths, so the files hold no machine-specific paths.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from pathlib import Path
+
+import pytest
+from conftest import GOLDEN, ROOT, fgc
+
+TIMEOUT = 60
+
+# name -> fgc ir arguments
+IR_CASES = {
+    "gpt": ["specs/formal/gpt.fgpt"],
+    "gpt_paper": ["specs/formal/gpt.fgpt", "--preset", "paper"],
+    "gpt3": ["tests/golden/specs/gpt3.fgpt"],
+    "gpt3_small": ["tests/golden/specs/gpt3.fgpt", "--preset", "small"],
+    "xlnet": ["tests/golden/specs/xlnet.fgpt"],
+}
+
+ERRORS = sorted((GOLDEN / "errors").glob("*.fgpt"))
+
+
+def _rel(p: Path) -> str:
+    return p.relative_to(ROOT).as_posix()
+
+
+def compare_or_update(golden: Path, actual: str, update: bool) -> None:
+    if update:
+        golden.parent.mkdir(parents=True, exist_ok=True)
+        if not golden.exists() or golden.read_text(encoding="utf-8") != actual:
+            golden.write_text(actual, encoding="utf-8")
+        return
+    if not golden.exists():
+        pytest.fail(f"{_rel(golden)} does not exist; run pytest with --update-golden")
+    expected = golden.read_text(encoding="utf-8")
+    if actual != expected:
+        diff = "".join(difflib.unified_diff(expected.splitlines(True), actual.splitlines(True),
+                                            f"{_rel(golden)} (expected)", "fgc (actual)"))
+        pytest.fail(f"output differs from {_rel(golden)}; if the change is intended, rerun "
+                    f"with --update-golden and review the diff\n{diff}")
+
+
+# ---------------------------------------------------------------- (a) printed IR
+
+
+@pytest.mark.parametrize("name", sorted(IR_CASES))
+def test_ir_golden(name, update_golden):
+    args = IR_CASES[name]
+    r = fgc("ir", *args, timeout=TIMEOUT)
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr
+    assert str(ROOT) not in r.stdout, "the IR names an absolute path"
+    compare_or_update(GOLDEN / "ir" / f"{name}.txt", r.stdout, update_golden)
+
+
+def test_ir_golden_inputs_are_present():
+    for args in IR_CASES.values():
+        assert (ROOT / args[0]).is_file(), args[0]
+
+
+# ---------------------------------------------------------------- (b) curated mistakes
+
+
+def render_check(path: Path) -> tuple[str, int, str, str]:
+    rel = _rel(path)
+    r = fgc("check", rel, timeout=TIMEOUT)
+    text = (f"$ fgc check {rel}\n"
+            f"exit {r.returncode}\n"
+            f"--- stdout\n{r.stdout}"
+            f"--- stderr\n{r.stderr}")
+    return text, r.returncode, r.stdout, r.stderr
+
+
+def test_there_are_enough_curated_mistakes():
+    assert len(ERRORS) >= 12
+    outs = {p.stem for p in (GOLDEN / "errors").glob("*.out")}
+    orphans = outs - {p.stem for p in ERRORS}
+    assert not orphans, f".out files without a spec: {sorted(orphans)}"
+
+
+@pytest.mark.parametrize("path", ERRORS, ids=lambda p: p.stem)
+def test_error_golden(path, update_golden):
+    text, code, out, err = render_check(path)
+    # whatever the golden says, the contract holds: located diagnostics, no crash
+    assert "Traceback" not in text and "internal error" not in text, text
+    assert code in (0, 1), text
+    rel = _rel(path)
+    if code == 1:
+        assert re.search(rf"^{re.escape(rel)}:\d+:\d+: error: ", err, re.M), text
+        assert re.search(r"^ *\| *\^+", err, re.M), text
+    assert str(ROOT) not in text, "the output names an absolute path"
+    compare_or_update(path.with_suffix(".out"), text, update_golden)
+
+
+def test_approximate_expectation_is_a_warning_not_an_error():
+    text, code, out, err = render_check(GOLDEN / "errors" / "approx_expectation.fgpt")
+    assert code == 0, text
+    assert ": warning: " in err and ": error: " not in err
+    assert "116,497,920" in err and "110M" in err
+
+
+@pytest.mark.parametrize("stem,needle", [
+    ("unknown_name", "did you mean `W_e`?"),
+    ("unknown_module", "did you mean `Softmax`?"),
+    ("matmul_mismatch", "cannot multiply R[n×H] by R[D×H]: inner dimensions H and D differ"),
+    ("parse_error_expected", "expected ':'"),
+    ("heads_do_not_divide", "uneven"),
+])
+def test_error_golden_says_what_matters(stem, needle):
+    """The point of each curated case, independent of the exact golden text."""
+    text, code, out, err = render_check(GOLDEN / "errors" / f"{stem}.fgpt")
+    assert code == 1
+    assert needle in err, err
