@@ -201,6 +201,9 @@ class Spec:
                     values[name] = v
             if not progressed:
                 break
+        for name, h in pending.items():
+            if all(n in values for n in _names(h.default)):
+                Statics(dict(values), self.path).eval(h.default)  # raises the real reason
         missing = [h for h in m.hypers if h.name not in values]
         if missing:
             where = preset.span if preset is not None else m.span

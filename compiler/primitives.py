@@ -35,7 +35,10 @@ def fmt(t: TensorType) -> str:
 
 
 def fmt_shape(shape) -> str:
-    return "R[" + "×".join(format_dim(d) for d in shape) + "]"
+    def one(d) -> str:
+        text = format_dim(d)
+        return f"({text})" if " " in text else text
+    return "R[" + "×".join(one(d) for d in shape) + "]"
 
 
 def _dtype(*types: TensorType) -> str:

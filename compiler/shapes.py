@@ -335,9 +335,9 @@ class Elaborator:
             else:
                 lo = self._dim(t.lo, statics, positive=False)
                 hi = self._dim(t.hi, statics, positive=False)
-            if self.hypers.numeric and lo.is_const() and hi.is_const() \
-                    and hi.const_value() < lo.const_value():
-                raise FgcError(f"empty range {format_poly(lo)}..{format_poly(hi)}", t.span)
+            if lo.is_const() and hi.is_const() and hi.const_value() < lo.const_value():
+                raise FgcError(f"empty range {format_poly(lo)}..{format_poly(hi)}", t.span,
+                               "a range lo..hi needs lo <= hi")
             shape = tuple(Ell(ell) if isinstance(d, S.Ellipsis_) else self._dim(d, statics)
                           for d in t.dims)
             return TensorType(dtype="int", shape=shape, lo=lo, hi=hi)
@@ -355,7 +355,7 @@ class Elaborator:
         v = statics.eval(e)
         if isinstance(v, float):
             raise FgcError("a dimension must be a whole number", e.span)
-        if self.hypers.numeric and v.is_const():
+        if v.is_const():
             c = v.const_value()
             if c.denominator != 1:
                 raise FgcError(f"dimension {_show_expr(e)} = {c} is not a whole number", e.span,
@@ -534,6 +534,8 @@ class _Body:
         return ref
 
     def where_eq(self, w: S.WhereEq) -> None:
+        if w.name in self.scope.values or w.name in self.scope.families:
+            raise FgcError(f"`{w.name}` is defined twice", w.span, "choose another name")
         if w.family is not None:
             self.family_eq(w.name, w.value, w.family, w.span)
         else:
@@ -944,7 +946,11 @@ class _Body:
                                f"{format_dim(dim)} entries", span)
 
     def _check_range(self, lo: Poly, hi: Poly, dim, span: Span) -> None:
-        if self.hypers.numeric and lo.is_const() and hi.is_const() and dim.is_const():
+        count = self.hypers.expand(hi - lo + 1)
+        if count.is_const() and count.const_value() <= 0:
+            raise FgcError(f"rows {format_poly(lo)}..{format_poly(hi)} are an empty range", span,
+                           "a range lo..hi needs lo <= hi")
+        if lo.is_const() and hi.is_const() and dim.is_const():
             a, b, d = lo.const_value(), hi.const_value(), dim.const_value()
             if not (1 <= a <= b <= d):
                 raise FgcError(f"rows {a}..{b} do not fit an axis of {d}", span)
@@ -1535,6 +1541,7 @@ class ModelElaborator(_Body):
         self.model = model
         self.loop_results: list[tuple[str, Poly]] = []
         self.share_spans: dict[int, list[tuple[str, Span]]] = {}
+        self.output_names: set[str] = set()
         self.def_spans: dict[str, Span] = {}
         self.scope.symbols = dict(hypers.values)
         self.scope.real_symbols = {k for k, v in hypers.values.items() if isinstance(v, float)}
@@ -1632,6 +1639,9 @@ class ModelElaborator(_Body):
         if self.is_const(ref):
             raise FgcError("an output must be computed from the inputs", o.span)
         name = o.name or "output"
+        if name in self.output_names:
+            raise FgcError(f"output `{name}` is declared twice", o.span)
+        self.output_names.add(name)
         if name in {v for v in self.scope.values if not v.startswith("%")} and \
                 self.scope.values[name].op.name != ref.op.name:
             raise FgcError(f"output `{name}` reuses the name of a value", o.span)

@@ -1,10 +1,8 @@
 """Bad input never crashes fgc: every rejection is a located diagnostic, exit 1, in bounded time.
 
 Each case runs `fgc check` as a user would (a subprocess, with a timeout) and asserts the
-contract of docs/DESIGN.md: `file:line:col: error: ...`, the source line, a caret, exit code 1,
-and never a Python traceback or an "internal error". Bugs these tests found are written up in
-/tmp/fgc_bugs/robustness.md (R1, R2, ...); the tests that still fail because of one are marked
-xfail with that reference and should pass once it is fixed.
+command-line contract: `file:line:col: error: ...`, the source line, a caret, exit code 1,
+and never a Python traceback or an "internal error".
 """
 
 from __future__ import annotations
@@ -584,7 +582,6 @@ def test_broadcast_mismatch(tmp_path):
     assert "H" in errs[0][2] and "D" in errs[0][2]
 
 
-@pytest.mark.xfail(reason="see bug R23: `R[H + 1×H]` reads as H + (1×H)", strict=False)
 def test_compound_dimensions_are_bracketed_in_messages(tmp_path):
     p = write(tmp_path, BASE.replace("param W_e: R[V, H]", "param W_e: R[V, H], W_x: R[H + 1, H]")
               .replace("output y = H^(L)", "output y = H^(L) @ W_x"))
@@ -599,8 +596,6 @@ def test_empty_or_reversed_row_range(tmp_path, rows):
     assert_rejected(check(p), p, line=9)
 
 
-@pytest.mark.xfail(reason="see bug R22: `fgc ir` prints R[-1, H] for rows 3..1 and exits 0",
-                   strict=False)
 def test_ir_never_shows_a_negative_dimension(tmp_path):
     p = write(tmp_path, BASE.replace("output y = H^(L)", "output y = H^(L)[3..1, :]"))
     r = fgc("ir", p, timeout=TIMEOUT)
@@ -692,7 +687,6 @@ def test_layer_index_beyond_the_current_layer(tmp_path):
 # ---------------------------------------------------------------- definitions and types
 
 
-@pytest.mark.xfail(reason="see bug R24: a `where` name defined twice is accepted", strict=False)
 def test_where_defines_a_name_twice(tmp_path):
     text = ("module Foo(X: R[n, H]) -> R[n, H] {\n  Foo(X) = a where a = X, a = X + X\n}\n"
             + BASE.replace("output y = H^(L)", "output y = Foo(H^(L))"))
@@ -700,7 +694,6 @@ def test_where_defines_a_name_twice(tmp_path):
     assert_rejected(check(p), p, line=2)
 
 
-@pytest.mark.xfail(reason="see bug R25: the same output line twice is accepted", strict=False)
 def test_two_outputs_with_one_name(tmp_path):
     # `output y = H^(0)` as the second is rejected ("reuses the name of a value"); the very
     # same line twice is not, and the IR then has two outputs of one name
@@ -708,8 +701,6 @@ def test_two_outputs_with_one_name(tmp_path):
     assert_rejected(check(p), p, line=10)
 
 
-@pytest.mark.xfail(reason="see bug R26: A = 0 in D = H/A reads `leaves D without a value` at 1:1",
-                   strict=False)
 def test_zero_heads(tmp_path):
     p = write(tmp_path, BASE.replace("A = 2", "A = 0"))
     r = check(p)
@@ -717,8 +708,6 @@ def test_zero_heads(tmp_path):
     assert "without a value" not in errs[0][2], errs
 
 
-@pytest.mark.xfail(reason="see bug R28: an empty or zero-length input type is not rejected where "
-                          "it is declared", strict=False)
 @pytest.mark.parametrize("typ", ["{5..1}^n", "{1..0}^n", "{1..V}^0"])
 def test_empty_input_type(tmp_path, typ):
     p = write(tmp_path, BASE.replace("input x: {1..V}^n", f"input x: {typ}"))

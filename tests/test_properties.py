@@ -35,7 +35,7 @@ TEXTS = {p: p.read_text(encoding="utf-8") for p in SOURCES}
 
 # Seconds one in-process fgc command may take on one small spec. They take 0.01-0.1 s; the bound
 # is loose so that a loaded CI machine does not fail it, and tight enough to catch a loop over
-# something huge (R17 in /tmp/fgc_bugs/robustness.md: 10,000 conditional layers took 0.65 s).
+# something huge (counting layer by layer under a per-layer condition is such a loop).
 SLOW = 2.0
 
 # main() raises the recursion limit; raising it once here keeps hypothesis from warning that

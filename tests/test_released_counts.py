@@ -16,7 +16,6 @@ import json
 import re
 
 import pytest
-
 from conftest import fgc
 
 torch = pytest.importorskip("torch")
@@ -76,7 +75,7 @@ RELEASED = {
 CASES = [(spec, preset) for spec, (_, presets, _, _) in RELEASED.items() for preset in presets]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def hf_params(spec: str, preset: str) -> tuple[tuple[str, int], ...]:
     """(name, numel) of the released model's unique parameters, built on the meta device."""
     cls, config = RELEASED[spec][0](preset)
@@ -93,7 +92,7 @@ def hf_params(spec: str, preset: str) -> tuple[tuple[str, int], ...]:
     return tuple(out)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def fgc_params(spec: str, preset: str) -> dict:
     r = fgc("params", spec, "--preset", preset, "--format", "json")
     assert r.returncode == 0, r.stderr

@@ -1,0 +1,1400 @@
+"""Lowering the checked IR to PyTorch source: one nn.Module per spec module, a layer class,
+and the model, rendered through jinja2 templates.
+
+The view-model built here holds every decision (names, layouts, which equations become
+lines, which are inlined, which builtin modules lower to fused torch calls); the
+template only lays the text out. Values carry a runtime layout: optional leading axes
+(the batch, and any family axes of the caller), then a family axis for values that are
+indexed families (the heads), then the spec's own dimensions. Indexed families are one
+batched tensor, never a Python loop.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import jinja2
+
+from ... import ir
+from ...ir import Ell, Eqn, Operand, TensorType
+from ...symbolic import Atom, Poly
+from .names import Namer, class_name, ident
+
+TEMPLATES = Path(__file__).parent / "templates"
+
+
+class Unsupported(Exception):
+    """A construct the torch backend does not lower (yet); carries a user-facing message."""
+
+
+# ---------------------------------------------------------------- python for sizes
+
+
+def py_poly(p: Poly, sym: dict[str, str]) -> str:
+    """A Python integer expression for a size: `4*H`, `H // A`, `T + 2`."""
+    if p.is_const():
+        c = p.const_value()
+        return str(c.numerator) if c.denominator == 1 else repr(float(c))
+    terms = []
+    for mono, coef in sorted(p.terms.items(), key=lambda kv: str(kv[0])):
+        num = [_py_sym(s, sym) + (f" ** {e}" if e > 1 else "") for s, e in mono if e > 0]
+        den = [_py_sym(s, sym) + (f" ** {-e}" if e < -1 else "") for s, e in mono if e < 0]
+        text = " * ".join(([str(abs(coef.numerator))] if abs(coef.numerator) != 1 or not num
+                           else []) + num)
+        den_factor = ([str(coef.denominator)] if coef.denominator != 1 else []) + den
+        if den_factor:
+            text = f"{text} // " + (den_factor[0] if len(den_factor) == 1
+                                    else "(" + " * ".join(den_factor) + ")")
+        terms.append(("-" if coef < 0 else "+", text))
+    out = ""
+    for k, (sign, text) in enumerate(terms):
+        out += (("-" if sign == "-" else "") + text) if k == 0 else f" {sign} {text}"
+    return out
+
+
+def _py_sym(s, sym: dict[str, str]) -> str:
+    if isinstance(s, Atom):
+        args = [py_poly(a, sym) for a in s.args]
+        if s.op == "div":
+            return f"(({args[0]}) // ({args[1]}))"
+        if s.op == "mod":
+            return f"(({args[0]}) % ({args[1]}))"
+        if s.op == "floor":
+            return f"math.floor({args[0]})"
+        if s.op == "ceil":
+            return f"math.ceil({args[0]})"
+        return f"{s.op}({', '.join(args)})"
+    try:
+        return sym[s]
+    except KeyError:
+        raise Unsupported(f"size `{s}` is not known where it is used") from None
+
+
+def py_const(c, sym: dict[str, str]) -> str:
+    if isinstance(c, float):
+        if math.isinf(c):
+            return "-math.inf" if c < 0 else "math.inf"
+        return repr(c)
+    return py_poly(c, sym)
+
+
+# ---------------------------------------------------------------- layouts
+
+
+@dataclass(frozen=True)
+class Layout:
+    lead: bool  # leading axes before the spec's own: the batch, a caller's family axes
+    fam: bool  # an own family axis just before the spec's dimensions
+    rank: int | None  # rank of the spec's own dimensions; None when `...` is involved
+
+
+def _rank(t: TensorType) -> int | None:
+    return None if any(isinstance(d, Ell) for d in t.shape) else len(t.shape)
+
+
+def _unsq(expr: str, times: int, at: int) -> str:
+    for _ in range(times):
+        expr = f"{expr}.unsqueeze({at})"
+    return expr
+
+
+# ---------------------------------------------------------------- view-model
+
+
+@dataclass
+class Line:
+    code: str
+    comment: str = ""
+
+    @property
+    def text(self) -> str:
+        """The line at method-body indentation, wrapped to 99 columns."""
+        return "\n".join(wrap(self.code, self.comment, " " * 8))
+
+
+WIDTH = 99
+
+
+def _split_top(args: str) -> list[str]:
+    parts, depth, cur = [], 0, ""
+    for ch in args:
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    if cur.strip():
+        parts.append(cur.strip())
+    return parts
+
+
+def wrap(code: str, comment: str, indent: str) -> list[str]:
+    """Lines for one statement: as is when it fits, else its outermost call's arguments
+    one per line (the comment goes above, so it never pushes a line over)."""
+    extra = code.count("\n")
+    first_indent = indent
+    sub_lines = code.split("\n")
+    code0 = sub_lines[0]
+    tail = [indent + x for x in sub_lines[1:]] if extra else []
+    one = f"{first_indent}{code0}" + (f"  # {comment}" if comment else "")
+    if len(one) <= WIDTH:
+        return [one] + tail
+    head = [f"{first_indent}# {comment}"] if comment else []
+    line = f"{first_indent}{code0}"
+    if len(line) <= WIDTH:
+        return head + [line] + tail
+    # the last top-level call that spans to the end of the line
+    depth = 0
+    opening = None
+    for k, ch in enumerate(code0):
+        if ch in "([":
+            if depth == 0 and ch == "(":
+                opening = k
+            depth += 1
+        elif ch in ")]":
+            depth -= 1
+    if opening is None or not code0.rstrip().endswith(")"):
+        return head + [line] + tail
+    # find the outermost '(' whose match is the final ')'
+    depth = 0
+    start = None
+    for k in range(len(code0) - 1, -1, -1):
+        ch = code0[k]
+        if ch in ")]":
+            depth += 1
+        elif ch in "([":
+            depth -= 1
+            if depth == 0:
+                start = k
+                break
+    if start is None:
+        return head + [line] + tail
+    is_call = start > 0 and (code0[start - 1].isalnum() or code0[start - 1] in "_])")
+    args = _split_top(code0[start + 1:-1]) if is_call else [code0[start + 1:-1]]
+    out = [f"{first_indent}{code0[:start + 1]}"]
+    for a in args:
+        out.extend(wrap(a + ("," if is_call else ""), "", first_indent + "    "))
+    out.append(f"{first_indent})")
+    return head + out + tail
+
+
+@dataclass
+class ParamView:
+    attr: str
+    shape: str  # python tuple expression
+    comment: str
+    init: str  # "normal" | "zeros" | "ones"
+
+
+@dataclass
+class SubView:
+    attr: str
+    ctor: str
+
+
+@dataclass
+class ClassView:
+    name: str
+    doc: list[str]
+    init_args: list[str]
+    init_lines: list[str]
+    params: list[ParamView]
+    subs: list[SubView]
+    forward_args: str
+    body: list[Line]
+    kind: str = "module"  # "module" | "layer" | "model"
+    extra_methods: list[str] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------- one function body
+
+
+class _Val:
+    __slots__ = ("expr", "layout", "type", "raw_lo", "producer", "named", "line_name")
+
+    def __init__(self, expr, layout, type_, raw_lo=None, producer=None, named=False):
+        self.expr = expr
+        self.layout = layout
+        self.type = type_
+        self.raw_lo = raw_lo  # ints held 0-based: the math value is expr + raw_lo
+        self.producer = producer
+        self.named = named
+        self.line_name = None
+
+
+class Body:
+    """Lowers a list of equations to Python lines inside one `forward`."""
+
+    def __init__(self, gen: Generator, sym: dict[str, str], device: str, namer: Namer,
+                 self_attr: dict[str, str], spec_file: str):
+        self.gen = gen
+        self.sym = dict(sym)
+        self.device = device
+        self.namer = namer
+        self.vals: dict[str, _Val] = {}
+        self.self_attr = self_attr  # IR param/instance name -> `self.x`
+        self.spec_file = spec_file
+        self.pending: list[tuple[str, Eqn]] = []  # (python name, eqn) in order
+        self.exprs: dict[str, str] = {}  # python name -> expression text with {{deps}}
+        self.deps: dict[str, list[str]] = {}
+        self.comments: dict[str, str] = {}
+        self.materialized: set[str] = set()
+
+    # -- values
+    def define_input(self, name: str, t: TensorType, layout: Layout, raw_lo=None) -> str:
+        py = self.namer(name)
+        self.vals[name] = _Val(py, layout, t, raw_lo=raw_lo, named=True)
+        self.vals[name].line_name = py
+        return py
+
+    def operand(self, o: Operand, for_eqn: Eqn) -> _Val:
+        if o.name is None:
+            return _Val(py_const(o.const, self.sym), Layout(False, False, 0),
+                        TensorType(dtype="real" if isinstance(o.const, float) else "int"))
+        if o.name in self.self_attr and o.name not in self.vals:
+            p = self.gen.param_types[self.self_attr[o.name]]
+            expr = self.self_attr[o.name]
+            t = p.type
+            fam = t.family is not None
+            if o.member is not None and not fam:
+                raise Unsupported(f"`{o}`: member of a parameter that is not a family")
+            if fam and for_eqn.family is None and not o.whole_family:
+                expr = f"{expr}[{self._member_index(o.member)}]"
+                fam = False
+            expr = self._slice_dynamic(expr, t)
+            return _Val(expr, Layout(False, fam and not o.whole_family or
+                                     (fam and o.whole_family), len(t.shape)),
+                        t.member() if fam else t)
+        v = self.vals.get(o.name)
+        if v is None:
+            raise Unsupported(f"value `{o.name}` is not available here")
+        if o.member is not None and v.layout.fam and for_eqn.family is None:
+            k = self._member_index(o.member)
+            return _Val(f"{self.ref(o.name)}.select({-(v.layout.rank or 0) - 1}, {k})",
+                        Layout(v.layout.lead, False, v.layout.rank), v.type)
+        return _Val(self.ref(o.name), v.layout, v.type, raw_lo=v.raw_lo, producer=v.producer,
+                    named=v.named)
+
+    def _member_index(self, member) -> str:
+        if isinstance(member, str):
+            raise Unsupported("a family member indexed by a variable outside its family")
+        return f"{py_poly(member, self.sym)} - 1"
+
+    def _slice_dynamic(self, expr: str, t: TensorType) -> str:
+        """A parameter sized by the context length is used up to the run's length."""
+        cuts = []
+        dyn = False
+        for d in t.shape:
+            if isinstance(d, Poly) and (d.symbols() & self.gen.dynamic):
+                cuts.append(f":{py_poly(d, self.sym)}")
+                dyn = True
+            else:
+                cuts.append(":")
+        if not dyn:
+            return expr
+        while cuts and cuts[-1] == ":":
+            cuts.pop()
+        return f"{expr}[{', '.join(cuts)}]"
+
+    def ref(self, name: str) -> str:
+        return "{{" + name + "}}"
+
+    # -- lowering
+    def lower(self, eqns: list[Eqn]) -> None:
+        for e in eqns:
+            try:
+                self.lower_eqn(e)
+            except Unsupported as err:
+                loc = f"{Path(e.span.file).name}:{e.span.line}" if e.span else "?"
+                raise Unsupported(f"{loc}: {err}") from None
+
+    def lower_eqn(self, e: Eqn) -> None:
+        ins = [self.operand(o, e) for o in e.ins]
+        out_type = e.outs[0].type
+        fam_out = e.family is not None
+        member_t = out_type.member() if out_type.family is not None else out_type
+        out_rank = _rank(member_t)
+        lead = any(v.layout.lead for v in ins)
+        if e.op == "layers":
+            exprs = [f"__layers__{e.attrs['index']}"] * len(e.outs)
+            layouts = [Layout(True, False, _rank(o.type)) for o in e.outs]
+            for _k, _o in enumerate(e.ins):
+                self.deps.setdefault("__layers_in__", [])
+        elif e.op == "call":
+            exprs = self.gen.lower_call(self, e, ins)
+            layouts = [Layout(lead or any(v.layout.lead for v in ins), fam_out or
+                              any(v.layout.fam for v in ins), _rank(o.type.member()
+                              if o.type.family is not None else o.type)) for o in e.outs]
+        else:
+            lowering = LOWER.get(e.op)
+            if lowering is None:
+                raise Unsupported(f"the torch backend has no lowering for `{e.op}`")
+            if e.op != "cond":
+                ins = [_Val(self.gen.maybe_mask(self, v, v.type), v.layout, v.type,
+                            raw_lo=v.raw_lo, producer=v.producer) for v in ins]
+            exprs = [lowering(self, e, ins, Layout(lead, fam_out or any(v.layout.fam
+                                                                           for v in ins),
+                                                   out_rank))]
+            layouts = [Layout(lead, fam_out or any(v.layout.fam for v in ins), out_rank)]
+        for out, expr, layout in zip(e.outs, exprs, layouts):
+            if e.op == "call" and out.name.startswith("%") and len(e.outs) == 1:
+                py = self.namer.alias(out.name, e.attrs["instance"].lower())
+            else:
+                py = self.namer(out.name)
+            self.vals[out.name] = _Val(py, layout, out.type.member()
+                                       if out.type.family is not None else out.type,
+                                       producer=e, named=not out.name.startswith("%"))
+            self.exprs[py] = expr
+            self.deps[py] = re.findall(r"\{\{(.+?)\}\}", expr)
+            if e.op == "layers":
+                self.deps[py] = [o.name for o in e.ins if o.name is not None]
+            self.comments[py] = self.comment(out.type, layout, e)
+            self.pending.append((py, e))
+        if len(e.outs) > 1:
+            # several results come from one call: one line, tuple target
+            names = [self.vals[o.name].expr for o in e.outs]
+            for py in names:
+                self.exprs[py] = "__tuple__"
+            self.exprs[names[0]] = exprs[0]
+            self.tuples = getattr(self, "tuples", {})
+            self.tuples[names[0]] = names
+
+    def comment(self, t: TensorType, layout: Layout, e: Eqn) -> str:
+        dims = []
+        if layout.lead:
+            dims.append("*" if self.gen.in_module else "B")
+        if layout.fam:
+            fam = t.family if t.family is not None else (e.family[1] if e.family else None)
+            dims.append(py_poly(fam, self.gen.comment_sym) if fam is not None else "A")
+        for d in (t.member().shape if t.family is not None else t.shape):
+            dims.append("..." if isinstance(d, Ell) else py_poly(d, self.gen.comment_sym)
+                        .replace(" ", ""))
+        shape = "(" + ", ".join(dims) + ")" if dims else "()"
+        where = f"{Path(e.span.file).name}:{e.span.line}" if e.span else ""
+        return f"{shape}  {where}".strip()
+
+    # -- emission
+    def emit(self, outputs: list[str], force: set[str] = frozenset()) -> list[Line]:
+        """Lines for the values needed by `outputs` (IR names); single-use temporaries are
+        inlined into their one consumer."""
+        want = [self.vals[o].expr for o in outputs if o in self.vals]
+        pyname_of = {v.expr: k for k, v in self.vals.items()}
+        live: set[str] = set()
+        stack = list(want) + [self.vals[f].expr for f in force if f in self.vals]
+        while stack:
+            py = stack.pop()
+            if py in live or py not in self.exprs:
+                continue
+            live.add(py)
+            for d in self.deps.get(py, []):
+                dp = self.vals[d].expr if d in self.vals else d
+                stack.append(dp)
+            for group in getattr(self, "tuples", {}).values():
+                if py in group:
+                    stack.extend(group)
+        uses: dict[str, int] = {}
+        for py in live:
+            for d in self.deps.get(py, []):
+                dp = self.vals[d].expr
+                uses[dp] = uses.get(dp, 0) + 1
+        for py in want:
+            uses[py] = uses.get(py, 0) + 1
+        tuples = getattr(self, "tuples", {})
+        in_tuple = {n for g in tuples.values() for n in g}
+        in_tuple |= {py for py, x in self.exprs.items() if x.startswith("__layers__")}
+        materialize = set()
+        for py in live:
+            ir_name = pyname_of.get(py, "")
+            if py in in_tuple or uses.get(py, 0) != 1 or not ir_name.startswith("%") \
+                    or py in {self.vals[f].expr for f in force if f in self.vals}:
+                materialize.add(py)
+        for e2 in (e for _, e in self.pending if e.op == "layers"):
+            for o in e2.ins:  # what the layers take is computed once, before them
+                if o.name in self.vals and self.vals[o.name].expr in live:
+                    materialize.add(self.vals[o.name].expr)
+        self.materialized = materialize
+        lines: list[Line] = []
+        done: set[str] = set()
+        for py, e in self.pending:
+            if py not in live or py not in materialize or py in done:
+                continue
+            if self.exprs[py] == "__tuple__":
+                continue
+            if self.exprs[py].startswith("__layers__"):
+                lines.extend(self.gen.loop_lines(self, e, materialize))
+                done.update(self.vals[o.name].expr for o in e.outs)
+                continue
+            expr = self._inline(py, materialize)
+            if py in tuples:
+                targets = ", ".join(tuples[py])
+                lines.append(Line(f"{targets} = {expr}", self.comments[py]))
+                done.update(tuples[py])
+            else:
+                lines.append(Line(f"{py} = {expr}", self.comments[py]))
+            done.add(py)
+        return lines
+
+    def _inline(self, py: str, materialize: set[str]) -> str:
+        expr = self.exprs[py]
+
+        def sub(m):
+            name = m.group(1)
+            v = self.vals[name]
+            if v.expr in materialize or v.expr not in self.exprs:
+                return v.expr
+            inner = self._inline(v.expr, materialize)
+            before = expr[:m.start()].rstrip(" ")
+            after = expr[m.end():].lstrip(" ")
+            alone = before[-1:] in ("(", ",", "[", "") and after[:1] in (")", ",", "]", "")
+            return inner if _atomic(inner) or alone else f"({inner})"
+        return re.sub(r"\{\{(.+?)\}\}", sub, expr)
+
+    def result(self, name: str) -> str:
+        """The expression for an output after `emit`: its line's name, or inlined."""
+        v = self.vals[name]
+        if v.expr in self.materialized or v.expr not in self.exprs:
+            return v.expr
+        return self._inline(v.expr, self.materialized)
+
+
+def _atomic(expr: str) -> bool:
+    """An expression that needs no parentheses as an operand."""
+    if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.]*(\[[^\[\]]*\])?", expr):
+        return True
+    depth = 0
+    for k, ch in enumerate(expr):
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif depth == 0 and ch in " +-*/@%<>=&|~":
+            if ch == "-" and k == 0:
+                continue
+            return False
+    return True
+
+
+# ---------------------------------------------------------------- the op table
+
+
+def _align(b: Body, v: _Val, out: Layout) -> str:
+    """Insert unit axes so `v` broadcasts against the output layout (see module doc)."""
+    expr = v.expr
+    if out.rank is None or v.layout.rank is None:
+        return expr
+    if not (v.layout.lead or v.layout.fam):
+        return expr  # only its own dimensions: right-aligned broadcasting is enough
+    r = v.layout.rank
+    if out.fam and not v.layout.fam:
+        expr = _unsq(expr, 1, -r - 1)
+    if r < out.rank:
+        expr = _unsq(expr, out.rank - r, -r - 1)
+    return expr
+
+
+def _binary(symbol: str):
+    def lower(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
+        x, y = (_align(b, v, out) for v in ins)
+        x = x if _atomic(x) else f"({x})"
+        y = y if _atomic(y) else f"({y})"
+        return f"{x} {symbol} {y}"
+    return lower
+
+
+def _math(b: Body, v: _Val) -> str:
+    """An integer operand as its 1-based (math) value."""
+    if v.raw_lo is not None and not (v.raw_lo.is_const() and v.raw_lo.const_value() == 0):
+        return f"({v.expr} + {py_poly(v.raw_lo, b.sym)})"
+    return v.expr
+
+
+def _int_binary(symbol: str):
+    def lower(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
+        vals = []
+        for v in ins:
+            aligned = _align(b, _Val(_math(b, v), v.layout, v.type), out)
+            vals.append(aligned if _atomic(aligned) else f"({aligned})")
+        return f"{vals[0]} {symbol} {vals[1]}"
+    return lower
+
+
+def _func(fn: str):
+    def lower(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
+        (x,) = ins
+        if x.layout == Layout(False, False, 0) and x.expr[:1] not in "{":
+            return f"math.{fn}({x.expr})"
+        return f"torch.{fn}({x.expr})"
+    return lower
+
+
+def _minmax(fn: str, clamp: str):
+    def lower(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
+        x, y = ins
+        if x.layout.rank == 0 and not x.layout.lead and "{{" not in x.expr:
+            return f"{y.expr}.clamp({clamp}={x.expr})"
+        if y.layout.rank == 0 and not y.layout.lead and "{{" not in y.expr:
+            return f"{x.expr}.clamp({clamp}={y.expr})"
+        return f"torch.{fn}({_align(b, x, out)}, {_align(b, y, out)})"
+    return lower
+
+
+def _reduce(method: str):
+    def lower(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
+        x = ins[0].expr if _atomic(ins[0].expr) else f"({ins[0].expr})"
+        return f"{x}.{method}(-1, keepdim=True)"
+    return lower
+
+
+def _matmul(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
+    x, y = ins
+    if x.type.dtype != "real" and y.type.dtype == "real":
+        x = _Val(f"{x.expr}.to({y.expr}.dtype)", x.layout, x.type, producer=x.producer)
+    elif y.type.dtype != "real" and x.type.dtype == "real":
+        y = _Val(f"{y.expr}.to({x.expr}.dtype)", y.layout, y.type, producer=y.producer)
+    onehot = x.producer
+    if onehot is not None and onehot.op == "call" and b.gen.is_builtin(onehot, "OneHot") \
+            and not y.layout.lead and not y.layout.fam:
+        # OneHot(x) @ W is a row lookup: no V-wide one-hot is built
+        ids = b.operand(onehot.ins[0], e)
+        return f"embedding({ids.expr}, {y.expr})"
+    xs = _align(b, x, out) if x.layout.rank and x.layout.rank >= 2 else x.expr
+    ys = _align(b, y, out) if y.layout.rank and y.layout.rank >= 2 else y.expr
+    xs = xs if _atomic(xs) else f"({xs})"
+    ys = ys if _atomic(ys) else f"({ys})"
+    return f"{xs} @ {ys}"
+
+
+def _transpose(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
+    x = ins[0].expr
+    x = x if _atomic(x) else f"({x})"
+    if not ins[0].layout.lead and not ins[0].layout.fam and ins[0].layout.rank == 2:
+        return f"{x}.T"
+    return f"{x}.mT"
+
+
+def _concat(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
+    counts = e.attrs.get("counts") or [None] * len(ins)
+    if len(ins) == 1 and counts[0] is not None:
+        r = ins[0].layout.rank
+        if r is None:
+            # a family of `...`-shaped members: the family axis is the one before the last
+            return f"{ins[0].expr}.movedim(-2, -2).flatten(-2)"
+        return f"{ins[0].expr}.movedim({-r - 1}, -2).flatten(-2)"
+    if any(c is not None for c in counts):
+        raise Unsupported("concat of a family together with other values")
+    return f"torch.cat([{', '.join(_align(b, v, out) for v in ins)}], dim=-1)"
+
+
+def _vconcat(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
+    r = out.rank or 1
+    return f"torch.cat([{', '.join(_align(b, v, out) for v in ins)}], dim={-r})"
+
+
+def _zero_based(b: Body, v: _Val) -> str:
+    if v.raw_lo is not None:
+        lo = v.raw_lo
+        shift = lo - 1
+        if shift.is_const() and shift.const_value() == 0:
+            return v.expr
+        return f"{v.expr} + {py_poly(shift, b.sym)}" if not (
+            shift.is_const() and shift.const_value() < 0) else \
+            f"{v.expr} - {py_poly(-shift, b.sym)}"
+    if "{{" not in v.expr and re.fullmatch(r"-?\d+", v.expr):
+        return str(int(v.expr) - 1)
+    return f"{v.expr} - 1"
+
+
+def _index(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
+    base, rest = ins[0], ins[1:]
+    kinds = e.attrs["kinds"]
+    items: list[str] = []
+    k = 0
+    tensors = []
+    for kind in kinds:
+        if kind == ":":
+            items.append(":")
+        elif kind == "range":
+            lo, hi = rest[k], rest[k + 1]
+            k += 2
+            items.append(f"{_zero_based(b, lo)}:{hi.expr}")
+        else:
+            idx = rest[k]
+            k += 1
+            zb = _zero_based(b, idx)
+            if kind == "gather":
+                tensors.append((idx, zb))
+            elif idx.layout.lead:
+                tensors.append((idx, zb))
+            items.append(zb)
+    if any(kind == "gather" for kind in kinds):
+        if any(kind != "gather" for kind in kinds):
+            raise Unsupported("an index by a tensor mixed with `:` or a single position")
+        # every axis indexed by a tensor: the leading axes of the base and of the indices
+        # broadcast at run time
+        b.gen.uses_take = True
+        return f"take({base.expr}, {len(kinds)}, {out.rank}, {', '.join(items)})"
+    if tensors:
+        if b.gen.in_module:
+            raise Unsupported("a batched single-position index inside a module")
+        # one position per sequence (BERT's j_masked): index each batch row
+        nb = max(len(v.type.shape) for v, _ in tensors)
+        batch = f"torch.arange({base.expr}.shape[0], device={base.expr}.device)"
+        batch = batch + (".view(-1" + ", 1" * nb + ")" if nb else "")
+        return f"{base.expr}[{batch}, {', '.join(items)}]"
+    prefix = "..., " if (base.layout.lead or base.layout.fam or b.gen.in_module) else ""
+    return f"{base.expr}[{prefix}{', '.join(items)}]"
+
+
+def _iota(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
+    size = py_poly(e.attrs["size"], b.sym)
+    rank, axis = e.attrs["rank"], e.attrs["axis"]
+    view = ", ".join("-1" if k == axis else "1" for k in range(rank))
+    return f"torch.arange(1, {size} + 1, device={b.device}).view({view})"
+
+
+def _broadcast_to(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
+    x = ins[0]
+    shape = ", ".join(py_poly(d, b.sym) for d in e.attrs["shape"])
+    if x.layout == Layout(False, False, 0) and "{{" not in x.expr:
+        return f"torch.full(({shape},), {x.expr}, device={b.device})"
+    if x.layout.lead or x.layout.fam:
+        r = x.layout.rank or 0
+        return f"{x.expr}.expand(*{x.expr}.shape[:{-r}], {shape})" if r else x.expr
+    return f"torch.broadcast_to({x.expr}, ({shape},))"
+
+
+def _select(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
+    c, x, y = (_align(b, v, out) for v in ins)
+    return f"torch.where({c}, {x}, {y})"
+
+
+def _cond(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
+    guard = b.gen.guard_py(e.attrs["guard"])
+    return f"{ins[0].expr} if {guard} else {ins[1].expr}"
+
+
+def _neg(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
+    x = ins[0].expr
+    return f"-{x}" if _atomic(x) else f"-({x})"
+
+
+def _not(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
+    return f"~{ins[0].expr}" if _atomic(ins[0].expr) else f"~({ins[0].expr})"
+
+
+def _pow(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
+    x, y = ins
+    if x.layout == Layout(False, False, 0) and "{{" not in x.expr:
+        return f"torch.pow({x.expr}, {y.expr})"
+    return f"torch.pow({_align(b, x, out)}, {_align(b, y, out)})"
+
+
+def _invperm(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
+    return f"torch.argsort({_zero_based(b, ins[0])}, dim=-1) + 1"
+
+
+def _argmax(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
+    return f"{ins[0].expr}.argmax(-1) + 1"
+
+
+def _argsort(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
+    return f"torch.argsort({ins[0].expr}, dim=-1, stable=True) + 1"
+
+
+def _stopgrad(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
+    return f"{ins[0].expr}.detach()"
+
+
+LOWER = {
+    "add": _binary("+"), "sub": _binary("-"), "mul": _binary("*"), "div": _binary("/"),
+    "neg": _neg, "max": _minmax("maximum", "min"), "min": _minmax("minimum", "max"),
+    "pow": _pow, "mod": _int_binary("%"),
+    "exp": _func("exp"), "log": _func("log"), "sqrt": _func("sqrt"), "tanh": _func("tanh"),
+    "sigmoid": _func("sigmoid"), "erf": _func("erf"), "sin": _func("sin"), "cos": _func("cos"),
+    "abs": _func("abs"),
+    "eq": _int_binary("=="), "ne": _int_binary("!="), "lt": _int_binary("<"),
+    "le": _int_binary("<="), "gt": _int_binary(">"), "ge": _int_binary(">="),
+    "and": _binary("&"), "or": _binary("|"), "not": _not, "select": _select, "cond": _cond,
+    "sum": _reduce("sum"), "mean": _reduce("mean"), "amax": _reduce("amax"),
+    "matmul": _matmul, "transpose": _transpose, "concat": _concat, "vconcat": _vconcat,
+    "index": _index, "iota": _iota, "broadcast_to": _broadcast_to, "invperm": _invperm,
+    "argmax": _argmax, "argsort": _argsort, "stopgrad": _stopgrad,
+}
+
+
+# ---------------------------------------------------------------- builtin modules
+
+
+def _sdpa(b: Body, fn: ir.Function, inputs: list[str]) -> list[Line]:
+    q, k, v, mask = inputs
+    return [Line(f"if {mask} is CAUSAL:"),
+            Line(f"    return sdpa({q}, {k}, {v}, is_causal=True)"),
+            Line(f"return sdpa({q}, {k}, {v}, attn_mask={mask})",
+                 "scale 1/sqrt(d) is sdpa's default")]
+
+
+def _layer_norm(b: Body, fn: ir.Function, inputs: list[str]) -> list[Line]:
+    (x,) = inputs
+    return [Line(f"return layer_norm({x}, self.gamma.shape, self.gamma, self.beta, self.eps)")]
+
+
+def _softmax(b: Body, fn: ir.Function, inputs: list[str]) -> list[Line]:
+    return [Line(f"return torch.softmax({inputs[0]}, dim=-1)")]
+
+
+def _gelu(approximate: str):
+    def body(b: Body, fn: ir.Function, inputs: list[str]) -> list[Line]:
+        return [Line(f"return gelu({inputs[0]}, approximate={approximate!r})")]
+    return body
+
+
+def _causal(b: Body, fn: ir.Function, inputs: list[str]) -> list[Line]:
+    return [Line("return CAUSAL", "attention runs it as is_causal=True; "
+                 "causal_mask(n) is the tensor")]
+
+
+def _no_mask(b: Body, fn: ir.Function, inputs: list[str]) -> list[Line]:
+    return [Line("return None", "all zeros: attention without a mask")]
+
+
+# builtin modules whose forward is one fused torch call; their equations stay the docstring
+BUILTIN_FORWARD = {
+    "Attention": _sdpa, "LN": _layer_norm, "Softmax": _softmax,
+    "GELU^tanh": _gelu("tanh"), "GELU^erf": _gelu("none"),
+    "Mask^AR": _causal, "Mask^AR_next": _causal, "Mask^BD": _no_mask,
+}
+# which of their inputs accept CAUSAL / None in place of a mask tensor
+MASK_AWARE_INPUTS = {"Attention": {"Mask"}}
+MASK_PRODUCERS = {"Mask^AR", "Mask^AR_next", "Mask^BD"}
+
+
+# ---------------------------------------------------------------- the generator
+
+
+class _Names(dict):
+    """Symbol names for comments: a symbol stands for itself unless mapped (n -> T)."""
+
+    def __missing__(self, key: str) -> str:
+        return key
+
+
+
+class Generator:
+    def __init__(self, spec, cfg, values: dict, sources, preset: str | None):
+        self.spec = spec
+        self.cfg = cfg  # the symbolic configuration: IR with sizes as symbols
+        self.model: ir.Model = cfg.model
+        self.functions: dict[str, ir.Function] = cfg.functions
+        self.values = values  # hyperparameter -> number (the compiled preset)
+        self.sources = sources
+        self.preset = preset
+        self.param_types: dict[str, ir.Param] = {}
+        self.in_module = False
+        self.dynamic: set[str] = set()
+        self.hyper_names = Namer()
+        self.consts: dict[str, str] = {}
+        for h in self.model.hypers:
+            self.consts[h.name] = self.hyper_names(h.name)
+        self.comment_sym = _Names({h.name: h.name for h in self.model.hypers})
+        for v in self.model.inputs:
+            for d in v.type.shape:
+                if isinstance(d, Poly):
+                    self.dynamic |= d.symbols()
+        for s in self.dynamic:
+            self.comment_sym[s] = "T"
+        self.classes: list[ClassView] = []
+        self.class_of: dict[str, str] = {}
+        self.uses_causal = False
+        self.uses_take = False
+
+    # -- helpers for lowering
+    def is_builtin(self, e: Eqn, name: str) -> bool:
+        fn = self.functions.get(e.attrs.get("module", ""))
+        return fn is not None and fn.builtin and fn.name == name
+
+    def guard_py(self, text: str) -> str:
+        text = re.sub(r"(\w+) is even", r"\1 % 2 == 0", text)
+        text = re.sub(r"(\w+) is odd", r"\1 % 2 == 1", text)
+        return text.replace(self.loop_var, "self.l") if getattr(self, "loop_var", None) \
+            else text
+
+    # -- module classes
+    def module_class(self, name: str) -> str:
+        if name in self.class_of:
+            return self.class_of[name]
+        fn = self.functions[name]
+        cls = class_name(name)
+        taken = {c.name for c in self.classes} | {ident(self.model.name)}
+        while cls in taken:
+            cls += "_"
+        self.class_of[name] = cls
+        for e in fn.eqns:
+            if e.op == "call":
+                self.module_class(e.attrs["module"])
+        self.classes.append(self._module_view(fn, cls))
+        return cls
+
+    def dynamic_hypers(self) -> dict[str, set[str]]:
+        """Per module, the hyperparameters some use binds to a run-time size (the sequence
+        length): they are forward arguments, not construction arguments."""
+        if getattr(self, "_dyn", None) is not None:
+            return self._dyn
+        dyn: dict[str, set[str]] = {name: set() for name in self.functions}
+        changed = True
+        while changed:
+            changed = False
+            callers = [(None, [e for item in self.model.body for e in
+                               (item.body if isinstance(item, ir.Loop) else [item])])]
+            callers += [(fn, fn.eqns) for fn in self.functions.values()]
+            for fn, eqns in callers:
+                if fn is None:
+                    live = set(self.dynamic)
+                else:
+                    live = set(self._symbol_sources(fn, Namer())) | dyn[fn.name]
+                for e in eqns:
+                    if e.op != "call":
+                        continue
+                    callee = self.functions[e.attrs["module"]]
+                    for h in callee.hypers:
+                        b = e.attrs["bindings"].get(h.name)
+                        if isinstance(b, Poly) and b.symbols() & live and \
+                                h.name not in dyn[callee.name]:
+                            dyn[callee.name].add(h.name)
+                            changed = True
+        self._dyn = dyn
+        return dyn
+
+    def forward_hypers(self, fn: ir.Function) -> list[str]:
+        if not fn.inputs:
+            return [h.name for h in fn.hypers]
+        return [h.name for h in fn.hypers if h.name in self.dynamic_hypers()[fn.name]]
+
+    def static_symbols(self, fn: ir.Function) -> list[str]:
+        """Sizes a module is constructed with: those its parameters need, and those its
+        forward cannot read off its inputs' shapes (integer ranges, hyperparameters)."""
+        params = {s for p in fn.params for d in list(p.type.shape) +
+                  ([p.type.family] if p.type.family is not None else []) for s in d.symbols()}
+        if not fn.inputs:
+            return sorted(params)
+        known = set(self._symbol_sources(fn, Namer()))
+        signature: set[str] = {h.name for h in fn.hypers}
+        for v in fn.inputs:
+            for d in list(v.type.shape) + [v.type.lo, v.type.hi, v.type.family]:
+                if isinstance(d, Poly):
+                    signature |= d.symbols()
+        return sorted(params | (signature - known - set(self.forward_hypers(fn))))
+
+    def _symbol_sources(self, fn: ir.Function, namer: Namer) -> dict[str, str]:
+        """Each size symbol of a module, read off its inputs' shapes where possible."""
+        sym: dict[str, str] = {}
+        for v in fn.inputs:
+            t = v.type
+            member = t.member() if t.family is not None else t
+            if any(isinstance(d, Ell) for d in member.shape):
+                dims = [d for d in member.shape if not isinstance(d, Ell)]
+                offset = len(dims)
+                for k, d in enumerate(dims):
+                    if isinstance(d, Poly) and len(d.symbols()) == 1 and d == Poly.sym(
+                            next(iter(d.symbols()))):
+                        sym.setdefault(next(iter(d.symbols())),
+                                       f"{namer(v.name)}.shape[{k - offset}]")
+                continue
+            r = len(member.shape)
+            for k, d in enumerate(member.shape):
+                if isinstance(d, Poly) and len(d.terms) == 1 and d == Poly.sym(
+                        next(iter(d.symbols()))) if d.symbols() else False:
+                    sym.setdefault(next(iter(d.symbols())), f"{namer(v.name)}.shape[{k - r}]")
+            if t.family is not None and isinstance(t.family, Poly) and t.family.symbols():
+                s = next(iter(t.family.symbols()))
+                sym.setdefault(s, f"{namer(v.name)}.shape[{-r - 1}]")
+        return sym
+
+    def _module_view(self, fn: ir.Function, cls: str) -> ClassView:
+        namer = Namer()
+        sym = self._symbol_sources(fn, namer)
+        static = self.static_symbols(fn)
+        for s in static:
+            sym.setdefault(s, f"self.{ident(s)}")
+        forward_kw = self.forward_hypers(fn)
+        for s in forward_kw:
+            sym.setdefault(s, ident(s))
+        params = []
+        self_attr: dict[str, str] = {}
+        for p in fn.params:
+            attr = ident(p.name)
+            self_attr[p.name] = f"self.{attr}"
+            self.param_types[f"self.{attr}"] = p
+            params.append(self._param_view(p, attr, {s: ident(s) for s in static}))
+        device = (f"{namer(fn.inputs[0].name)}.device" if fn.inputs else "device")
+        self.in_module = True
+        body = Body(self, sym, device, namer, self_attr, fn.span.file if fn.span else "")
+        inputs = []
+        for v in fn.inputs:
+            t = v.type
+            lay = Layout(True, t.family is not None, _rank(t.member() if t.family is not None
+                                                          else t))
+            inputs.append(body.define_input(v.name, t, lay))
+        subs = []
+        for e in fn.eqns:
+            if e.op == "call":
+                inst = e.attrs["instance"]
+                attr = ident(inst)
+                if f"self.{attr}" not in [s.attr for s in subs]:
+                    subs.append(SubView(f"self.{attr}", self._ctor(e, {s: f"self.{ident(s)}"
+                                                                       for s in static})))
+        doc = self._docstring(fn)
+        lines: list[Line]
+        if fn.builtin and fn.name in BUILTIN_FORWARD:
+            lines = BUILTIN_FORWARD[fn.name](body, fn, inputs)
+            if fn.name in ("Mask^AR", "Mask^AR_next", "Attention"):
+                self.uses_causal = True
+            subs = []
+        else:
+            body.lower(fn.eqns)
+            outs = [o.name for o in fn.outputs]
+            lines = body.emit(outs)
+            result = ", ".join(body.result(o) if o in body.vals else "None" for o in outs)
+            lines.append(Line(f"return {result}"))
+            self._resolve_line_refs(body, lines)
+        self.in_module = False
+        kw_part = []
+        if forward_kw:
+            kw_part = [f"*, {', '.join(ident(s) for s in forward_kw)}"
+                       + ("" if fn.inputs else ", device=None")]
+        fwd = ", ".join(["self"] + inputs + kw_part)
+        return ClassView(cls, doc, [ident(s) for s in static],
+                         [f"self.{ident(s)} = {ident(s)}" for s in static if
+                          s not in {q for p in fn.params for d in p.type.shape
+                                    for q in d.symbols()} or True],
+                         params, subs, fwd, lines)
+
+    def _resolve_line_refs(self, body: Body, lines: list[Line]) -> None:
+        for line in lines:
+            line.code = re.sub(r"\{\{(.+?)\}\}", lambda m: body.vals[m.group(1)].expr, line.code)
+
+    def _param_view(self, p: ir.Param, attr: str, sym: dict[str, str]) -> ParamView:
+        dims = list(p.type.shape)
+        if p.type.family is not None:
+            dims = [p.type.family] + dims
+        shape = "(" + ", ".join(py_poly(d, sym) for d in dims) + ("," if len(dims) == 1 else "") \
+            + ")"
+        base = p.name.split("^")[0]
+        if base in ("gamma", "g") or p.name.startswith("gamma"):
+            init = "ones"
+        elif base.startswith("b") or base == "beta":
+            init = "zeros"
+        else:
+            init = "normal"
+        plain = _Names()
+        what = f"{p.declared}: R[{', '.join(py_poly(d, plain) for d in p.type.shape)}]"
+        if p.type.family is not None:
+            what += f" for each of {py_poly(p.type.family, plain)}"
+        return ParamView(attr, shape, what, init)
+
+    def _ctor(self, e: Eqn, caller_sym: dict[str, str]) -> str:
+        fn = self.functions[e.attrs["module"]]
+        cls = self.module_class(fn.name)
+        static = self.static_symbols(fn)
+        args = []
+        for s in static:
+            value = e.attrs["bindings"].get(s)
+            if value is None:
+                raise Unsupported(f"`{fn.name}`: size `{s}` is not bound at this use")
+            if isinstance(value, float):
+                args.append(f"{ident(s)}={value!r}")
+            else:
+                args.append(f"{ident(s)}={py_poly(value, caller_sym)}")
+        return f"{cls}({', '.join(args)})"
+
+    def _docstring(self, fn: ir.Function) -> list[str]:
+        out = []
+        if fn.span is not None:
+            first, last = fn.span.line, fn.span.end_line or fn.span.line
+            for k in range(first, last + 1):
+                text = self.sources.line(fn.span.file, k)
+                if text is not None:
+                    out.append(text.rstrip().replace("\\", "\\\\").replace('"""', "'''"))
+        return out
+
+    def lower_call(self, b: Body, e: Eqn, ins: list[_Val]) -> list[str]:
+        fn = self.functions[e.attrs["module"]]
+        if fn.builtin and fn.name == "Concat" and ins and ins[0].layout.rank is not None:
+            r = ins[0].layout.rank
+            return [f"{ins[0].expr}.movedim({-r - 1}, -2).flatten(-2)"]
+        inst = e.attrs["instance"]
+        target = b.self_attr.get(inst) or f"self.{ident(inst)}"
+        args = []
+        for v, inp in zip(ins, fn.inputs):
+            expr = v.expr
+            if v.raw_lo is not None:
+                expr = _math(b, v)  # integers cross into modules as their 1-based values
+            if self.needs_tensor(fn.name, inp.name):
+                expr = self.maybe_mask(b, v, v.type)
+            args.append(expr)
+        forward_kw = self.forward_hypers(fn)
+        if forward_kw:
+            kw = []
+            for name in forward_kw:
+                value = e.attrs["bindings"][name]
+                kw.append(f"{ident(name)}={value!r}" if isinstance(value, float)
+                          else f"{ident(name)}={py_poly(value, b.sym)}")
+            if not fn.inputs:
+                kw.append(f"device={b.device}")
+            args.extend(kw)
+        if e.family is not None and self._has_params(fn.name):
+            raise Unsupported(f"`{fn.name}` has parameters but is used once per family member")
+        return [f"{target}({', '.join(args)})"]
+
+    def _has_params(self, name: str) -> bool:
+        fn = self.functions[name]
+        return bool(fn.params) or any(self._has_params(e.attrs["module"])
+                                      for e in fn.eqns if e.op == "call")
+
+    # -- masks: CAUSAL / None stand for Mask^AR / Mask^BD until something needs the tensor
+    def needs_tensor(self, fn_name: str, inp: str) -> bool:
+        key = (fn_name, inp)
+        memo = self.__dict__.setdefault("_needs", {})
+        if key in memo:
+            return memo[key]
+        memo[key] = True  # cycles are impossible; this is only a guard
+        fn = self.functions[fn_name]
+        if fn.builtin and fn.name in BUILTIN_FORWARD:
+            memo[key] = inp not in MASK_AWARE_INPUTS.get(fn.name, set())
+            return memo[key]
+        flows = {inp}
+        need = False
+        for e in fn.eqns:
+            names = [o.name for o in e.ins]
+            if not flows & set(names):
+                continue
+            if e.op == "call":
+                callee = self.functions[e.attrs["module"]]
+                for o, ci in zip(e.ins, callee.inputs):
+                    if o.name in flows and self.needs_tensor(callee.name, ci.name):
+                        need = True
+            elif e.op == "cond":
+                flows |= {v.name for v in e.outs}
+            else:
+                need = True
+        memo[key] = need
+        return need
+
+    def maybe_mask(self, b: Body, v: _Val, t: TensorType) -> str:
+        """`mask_tensor(...)` around a value that may be CAUSAL or None at run time."""
+        p = v.producer
+        from_mask = p is not None and p.op == "call" and any(
+            self.is_builtin(p, m) for m in MASK_PRODUCERS)
+        square = len(t.shape) == 2 and not any(isinstance(d, Ell) for d in t.shape) \
+            and t.dtype == "real" and t.shape[0] == t.shape[1]
+        if not square:
+            return v.expr
+        if not from_mask and not (self.in_module and v.named and v.producer is None):
+            return v.expr
+        rows, cols = (py_poly(d, b.sym) for d in t.shape)
+        self.uses_causal = True
+        return f"mask_tensor({v.expr}, {rows}, {cols}, {b.device})"
+
+    # -- the layers
+    def _invariant(self, loop: ir.Loop) -> list[Eqn]:
+        """Equations of the layer body that do not change from layer to layer (masks)."""
+        varying = {c.inner for c in loop.carried}
+        hoisted: list[Eqn] = []
+        for e in loop.body:
+            uses_layer = any(isinstance(o.const, Poly) and loop.var in o.const.symbols()
+                             for o in e.ins if o.name is None)
+            per_layer = (e.op == "call" and self._has_params(e.attrs["module"])) or \
+                e.op == "cond" or uses_layer
+            if per_layer or any(o.name in varying for o in e.ins):
+                varying |= {v.name for v in e.outs}
+            else:
+                hoisted.append(e)
+        return hoisted
+
+    def loop_lines(self, b: Body, e: Eqn, materialize: set[str]) -> list[Line]:
+        info = self.loops[e.attrs["index"]]
+        args = []
+        for o in e.ins:
+            v = b.vals[o.name]
+            args.append(b._inline(v.expr, materialize) if v.expr in b.exprs and
+                        v.expr not in materialize else v.expr)
+        outs = [b.vals[o.name].expr for o in e.outs]
+        carried_args = args[: len(info["carried"])]
+        rest = args[len(info["carried"]):]
+        lines = []
+        for out, init in zip(outs, carried_args):
+            if out != init:
+                lines.append(Line(f"{out} = {init}"))
+        call_args = ", ".join(outs + rest)
+        target = ", ".join(outs)
+        lines.append(Line(f"for layer in self.{info['attr']}:",
+                          f"{self.layer_count(info)} layers"))
+        lines.append(Line(f"    {target} = layer({call_args})"))
+        return lines
+
+    def layer_count(self, info) -> str:
+        return py_poly(info["loop"].hi, self.comment_sym)
+
+    # -- the model
+    def generate(self) -> str:
+        model = self.model
+        msym = {name: py for name, py in self.consts.items()}
+        for s in self.dynamic:
+            msym[s] = "T"
+        self.loops: list[dict] = []
+        model_cls = ident(model.name)
+        namer = Namer(set(self.consts.values()) | {"T", "B", "layer"})
+        self_attr: dict[str, str] = {}
+        params = []
+        for p in model.params:
+            attr = ident(p.name)
+            self_attr[p.name] = f"self.{attr}"
+            self.param_types[f"self.{attr}"] = p
+            params.append(self._param_view(p, attr, self.consts))
+        body = Body(self, msym, "device", namer, self_attr, self.spec.path)
+        args = []
+        for v in model.inputs:
+            lo = v.type.lo if v.type.dtype == "int" else None
+            args.append(body.define_input(v.name, v.type, Layout(True, v.type.family is not None,
+                                                                 len(v.type.shape)), raw_lo=lo))
+        eqns: list[Eqn] = []
+        subs: list[SubView] = []
+        layer_classes: list[ClassView] = []
+        for item in model.body:
+            if isinstance(item, ir.Loop):
+                eqns.extend(self._layers(item, model_cls, eqns, subs, layer_classes, msym))
+            else:
+                eqns.append(item)
+        for e in eqns:
+            if e.op == "call":
+                attr = f"self.{ident(e.attrs['instance'])}"
+                if attr not in [x.attr for x in subs]:
+                    subs.append(SubView(attr, self._ctor(e, self.consts)))
+        body.lower(eqns)
+        outputs = [o.name for o in model.outputs]
+        softmax_out = len(outputs) == 1 and body.vals[outputs[0]].producer is not None and \
+            self.is_builtin(body.vals[outputs[0]].producer, "Softmax")
+        head = self._prologue(model)
+        if softmax_out:
+            producer = body.vals[outputs[0]].producer
+            logits_name = producer.ins[0].name
+            lines = head + body.emit([logits_name])
+            lines.append(Line(f"return {body.result(logits_name)}"))
+            self._resolve_line_refs(body, lines)
+            extra = [f"def forward(self, {', '.join(args)}):",
+                     f'    """{model.outputs[0].name}: the probabilities, Softmax(logits)."""',
+                     f"    return torch.softmax(self.logits({', '.join(args)}), dim=-1)"]
+            method_name = "logits"
+        else:
+            lines = head + body.emit(outputs)
+            result = ", ".join(body.result(o) for o in outputs)
+            lines.append(Line(f"return {result}"))
+            self._resolve_line_refs(body, lines)
+            extra = []
+            method_name = "forward"
+        view = ClassView(model_cls, self._model_doc(), [], [], params, subs,
+                         ", ".join(["self"] + args), lines, kind="model", extra_methods=extra)
+        view.method_name = method_name  # type: ignore[attr-defined]
+        view.logits_of = model.outputs[0].name if softmax_out else None  # type: ignore
+        return self._render(view, layer_classes)
+
+    def _prologue(self, model: ir.Model) -> list[Line]:
+        lines = []
+        for v in model.inputs:
+            for k, d in enumerate(v.type.shape):
+                if isinstance(d, Poly) and d.symbols() & self.dynamic and len(d.terms) == 1:
+                    s = next(iter(d.symbols()))
+                    lines.append(Line(f"T = {ident(v.name)}.shape[{k + 1}]",
+                                      "this call's sequence length"))
+                    lines.append(Line(f"assert T <= {self.consts[s]}, "
+                                      f"f\"sequence of {{T}} tokens; the model takes at most "
+                                      f"{{{self.consts[s]}}}\""))
+                    lines.append(Line(f"device = {ident(v.name)}.device"))
+                    return lines
+        first = model.inputs[0].name if model.inputs else None
+        if first:
+            lines.append(Line(f"device = {ident(first)}.device"))
+        return lines
+
+    def _model_doc(self) -> list[str]:
+        out = []
+        span = self.model.span
+        for k in range(span.line, (span.end_line or span.line) + 1):
+            text = self.sources.line(span.file, k)
+            if text is not None:
+                out.append(text.rstrip().replace("\\", "\\\\").replace('"""', "'''"))
+        return out
+
+    def _layers(self, loop: ir.Loop, model_cls: str, outer: list[Eqn], model_subs,
+                layer_classes, msym) -> list[Eqn]:
+        index = len(self.loops)
+        cls = f"{model_cls}Layer" + (str(index + 1) if index else "")
+        attr = "layers" if index == 0 else f"layers{index + 1}"
+        hoisted = self._invariant(loop)
+        hoisted_ids = {id(e) for e in hoisted}
+        rest = [e for e in loop.body if id(e) not in hoisted_ids]
+        produced = {v.name for e in rest for v in e.outs} | {c.inner for c in loop.carried}
+        outside_inputs: list[str] = []
+        for e in rest:
+            for o in e.ins:
+                if o.name is not None and o.name not in produced and o.name not in \
+                        outside_inputs:
+                    outside_inputs.append(o.name)
+        self.loop_var = loop.var
+        namer = Namer({"T", "B"} | set(self.consts.values()))
+        lsym = dict(msym)
+        lsym[loop.var] = "self.l"
+        self_attr: dict[str, str] = {}
+        body = Body(self, lsym, "device", namer, self_attr, self.spec.path)
+        args = []
+        for c in loop.carried:
+            init_t = self._type_of(c.init, outer)
+            args.append(body.define_input(c.inner, init_t, Layout(True, False,
+                                                                  _rank(init_t))))
+        model_params = {p.name: p for p in self.model.params}
+        for name in outside_inputs:
+            if name in model_params:
+                t = model_params[name].type
+                args.append(body.define_input(name, t, Layout(False, t.family is not None,
+                                                              len(t.shape))))
+            else:
+                t = self._type_of(name, outer + hoisted)
+                producer = next((e for e in outer + hoisted if any(v.name == name
+                                                                   for v in e.outs)), None)
+                if producer is not None and producer.op == "call" and name.startswith("%"):
+                    namer.alias(name, producer.attrs["instance"].lower())
+                lead = not (producer is not None and producer.op == "call"
+                            and not self.functions[producer.attrs["module"]].inputs)
+                args.append(body.define_input(name, t, Layout(lead, False, _rank(t))))
+        subs: list[SubView] = []
+        shared = set(loop.shared)
+        shared_args = []
+        for e in rest:
+            if e.op != "call":
+                continue
+            inst = e.attrs["instance"]
+            a = f"self.{ident(inst)}"
+            if a in [x.attr for x in subs] or ident(inst) in shared_args:
+                continue
+            ctor = self._ctor(e, self.consts)
+            if inst in shared:
+                shared_args.append(ident(inst))
+                subs.append(SubView(a, ident(inst)))
+                model_subs.append(SubView(f"self.{ident(inst)}", ctor))
+            elif e.guards:
+                guard = " and ".join(self.guard_py(str(g)).replace("self.l", "l")
+                                     for g in e.guards)
+                subs.append(SubView(a, f"{ctor} if {guard} else None"))
+            else:
+                subs.append(SubView(a, ctor))
+        body.lower(rest)
+        results = [c.result for c in loop.carried]
+        lines = body.emit(results)
+        lines.append(Line("return " + ", ".join(body.result(r) for r in results)))
+        self._resolve_line_refs(body, lines)
+        self.loop_var = None
+        init_args = ["l"] + shared_args
+        view = ClassView(cls, [f"One of the {py_poly(loop.hi, self.comment_sym)} layers, "
+                               f"{loop.var} = 1..{py_poly(loop.hi, self.comment_sym)}."],
+                         init_args, ["self.l = l"], [], subs, ", ".join(["self"] + args), lines,
+                         kind="layer")
+        layer_classes.append(view)
+        shared_kw = ", ".join(f"{a}=self.{a}" for a in shared_args)
+        model_subs.append(SubView(
+            f"self.{attr}", f"nn.ModuleList({cls}(l{', ' + shared_kw if shared_kw else ''}) "
+            f"for l in range(1, {py_poly(loop.hi, self.consts)} + 1))"))
+        # the loop as one equation of the model's forward
+        finals = []
+        for c in loop.carried:
+            outer_name = next(o for i, o in loop.results if i == c.result)
+            t = self._type_of(c.init, outer)
+            finals.append(ir.Value(name=outer_name, type=t))
+        ins = [Operand(name=c.init) for c in loop.carried] + [Operand(name=n)
+                                                             for n in outside_inputs]
+        self.loops.append({"attr": attr, "carried": loop.carried, "loop": loop})
+        return hoisted + [Eqn(outs=finals, op="layers", ins=ins, attrs={"index": index},
+                              span=loop.span)]
+
+    def _type_of(self, name: str, eqns: list[Eqn]) -> TensorType:
+        for v in self.model.inputs:
+            if v.name == name:
+                return v.type
+        for e in eqns:
+            for v in e.outs:
+                if v.name == name:
+                    return v.type
+        for p in self.model.params:
+            if p.name == name:
+                return p.type
+        raise Unsupported(f"`{name}` has no known type")
+
+    def _prune(self, model_view: ClassView, layer_classes: list[ClassView]) -> list[ClassView]:
+        """Drop module uses that the lowering made unnecessary (OneHot inside an embedding
+        lookup, Softmax inside forward) and the classes nothing builds any more."""
+        def text_of(c: ClassView) -> str:
+            return "\n".join([ln.code for ln in c.body] + c.extra_methods)
+        for c in [model_view, *layer_classes, *self.classes]:
+            used = text_of(c)
+            if c is model_view:
+                used += "\n".join(s.ctor for s in c.subs)
+            c.subs = [s for s in c.subs if re.search(re.escape(s.attr) + r"\b", used)
+                      or re.search(r"=" + re.escape(s.attr) + r"\b", used)]
+        by_name = {c.name: c for c in self.classes}
+        keep: list[str] = []
+
+        def visit(c: ClassView) -> None:
+            for s in c.subs:
+                for name in re.findall(r"\b([A-Za-z_][A-Za-z0-9_]*)\(", s.ctor):
+                    if name in by_name and name not in keep:
+                        keep.append(name)
+                        visit(by_name[name])
+        for c in [model_view, *layer_classes]:
+            visit(c)
+        return [c for c in self.classes if c.name in keep]
+
+    def _render(self, model_view: ClassView, layer_classes: list[ClassView]) -> str:
+        env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES),
+                                 keep_trailing_newline=True, trim_blocks=True,
+                                 lstrip_blocks=True, autoescape=False)
+        template = env.get_template("model.py.j2")
+        modules = self._prune(model_view, layer_classes)
+        hypers = []
+        for h in self.model.hypers:
+            value = self.values[h.name]
+            if isinstance(value, Poly):
+                c = value.const_value()
+                text = str(c.numerator) if c.denominator == 1 else repr(float(c))
+            else:
+                text = repr(value)
+            note = ""
+            if h.default is not None:
+                note = f"{h.name} = {h.text}" if h.text else ""
+            hypers.append((self.consts[h.name], text, note))
+        text = "\n".join(ln.code for c in [model_view, *layer_classes, *modules]
+                          for ln in c.body) + "\n".join(x for c in [model_view] for x in
+                                                         c.extra_methods)
+        names = [n for n in ("embedding", "gelu", "layer_norm") if re.search(rf"\b{n}\(", text)]
+        imports = []
+        if names:
+            imports.append(f"from torch.nn.functional import {', '.join(names)}")
+        if re.search(r"\bsdpa\(", text):
+            imports.append("from torch.nn.functional import scaled_dot_product_attention as sdpa")
+        return template.render(
+            imports="\n".join(imports),
+            spec=Path(self.spec.path).name, model=model_view, layers=layer_classes,
+            modules=modules, hypers=hypers, preset=self.preset,
+            uses_causal=self.uses_causal, uses_take=self.uses_take)
+
+
+def generate(spec, preset: str | None = None, sets: dict | None = None) -> str:
+    """PyTorch source for a spec at one configuration (hyperparameters become constants)."""
+    cfg = spec.configure(preset, sets or {})
+    sym = spec.symbolic()
+    gen = Generator(spec, sym, cfg.values, spec.sources, preset)
+    return gen.generate()

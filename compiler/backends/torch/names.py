@@ -1,0 +1,73 @@
+"""Python identifiers for spec names: safe by construction, stable, collision-free."""
+
+from __future__ import annotations
+
+import builtins
+import keyword
+import re
+import unicodedata
+
+# names the generated file itself uses; a spec name equal to one is suffixed
+RESERVED = {
+    "torch", "nn", "math", "self", "B", "T", "build", "sdpa", "layer_norm", "gelu",
+    "embedding", "CausalMask", "causal", "MODEL", "PRESET", "SPEC",
+} | set(keyword.kwlist) | set(keyword.softkwlist) | set(dir(builtins))
+
+
+def ident(name: str) -> str:
+    """`W^Q` -> `W_Q`, `H^(l-1)` -> `H_prev`, `X'^(0)` -> `Xp_0`, `%12` -> `t12`."""
+    name = unicodedata.normalize("NFKC", name)
+    if name.startswith("%"):
+        return "t" + name[1:]
+    m = re.fullmatch(r"(.*)\^\((.*)\)", name)
+    layer = None
+    if m:
+        name, layer = m.group(1), m.group(2).replace(" ", "")
+    text = name.replace("'", "p").replace("^", "_")
+    if layer is not None:
+        if layer.endswith("-1"):
+            text += "_prev"
+        else:
+            text += "_" + layer
+    text = re.sub(r"[^0-9A-Za-z_]", "_", text)
+    if not text or text[0].isdigit():
+        text = "v_" + text
+    if text.startswith("__"):
+        text = "v" + text
+    if text in RESERVED:
+        text += "_"
+    return text
+
+
+def class_name(module: str) -> str:
+    """`FF^GELU` -> `FF_GELU`, `Mask^AR_next` -> `Mask_AR_next`."""
+    text = ident(module)
+    return text[0].upper() + text[1:] if text[0].islower() else text
+
+
+class Namer:
+    """Hands out distinct identifiers within one scope."""
+
+    def __init__(self, taken: set[str] | None = None):
+        self.taken = set(taken or ())
+        self.names: dict[str, str] = {}
+
+    def alias(self, name: str, preferred: str) -> str:
+        """Name `name` after `preferred` (a temporary named for the call that made it)."""
+        if name in self.names:
+            return self.names[name]
+        return self._take(name, ident(preferred))
+
+    def __call__(self, name: str) -> str:
+        if name in self.names:
+            return self.names[name]
+        return self._take(name, ident(name))
+
+    def _take(self, name: str, base: str) -> str:
+        out, k = base, 2
+        while out in self.taken:
+            out = f"{base}_{k}"
+            k += 1
+        self.taken.add(out)
+        self.names[name] = out
+        return out
