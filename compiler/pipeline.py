@@ -201,7 +201,7 @@ class Spec:
                     values[name] = v
             if not progressed:
                 break
-        for name, h in pending.items():
+        for h in pending.values():
             if all(n in values for n in _names(h.default)):
                 Statics(dict(values), self.path).eval(h.default)  # raises the real reason
         missing = [h for h in m.hypers if h.name not in values]
