@@ -1,13 +1,14 @@
-"""Text to syntax: Lark (LALR) parse, friendly parse errors, and the syntax tree."""
+"""Text to syntax: the cached entry point; `parse_tree.py` holds the Lark side."""
 
 from __future__ import annotations
 
 import functools
+import hashlib
+import os
+import pickle
+import tempfile
 from fractions import Fraction
 from pathlib import Path
-
-import lark
-from lark import Token, Transformer, Tree, v_args
 
 from . import syntax as S
 from .errors import FgcError, Span
@@ -30,85 +31,64 @@ _TERMINAL_TEXT = {
 }
 
 
-@functools.lru_cache(maxsize=1)
-def parser() -> lark.Lark:
-    # cache=True keeps the LALR tables on disk: building them costs more than parsing a spec.
-    return lark.Lark(GRAMMAR.read_text(), parser="lalr", propagate_positions=True,
-                     maybe_placeholders=True, cache=True)
-
-
-def _describe_expected(expected: set[str]) -> str:
-    names = []
-    for term in sorted(expected):
-        if term in _TERMINAL_TEXT:
-            names.append(_TERMINAL_TEXT[term])
-        elif term.isupper() and term.replace("_", "").isalpha() and not term.startswith("__"):
-            names.append(f"'{term.lower()}'")
-    names = sorted(set(names))
-    if not names:
-        return ""
-    if len(names) > 8:
-        names = names[:8] + ["…"]
-    return "expected " + ", ".join(names)
-
-
-def _token_text(tok: Token) -> str:
-    if tok.type == "$END":
-        return "end of file"
-    text = str(tok)
-    if len(text) > 30:
-        text = text[:27] + "..."
-    return repr(text)
-
-
 def parse_text(text: str, filename: str) -> S.File:
-    """Parse one file; raises FgcError with a located diagnostic on any failure."""
+    """Parse one file; raises FgcError with a located diagnostic on any failure.
+
+    Parsed files are cached on disk by name and content, as Python caches bytecode: a spec
+    already seen parses without importing Lark at all."""
+    key = _cache_key(text, filename)
+    path = _cache_dir() / f"parse-{key}.pickle"
     try:
-        tree = parser().parse(text)
-    except lark.UnexpectedCharacters as e:
-        ch = text[e.pos_in_stream] if e.pos_in_stream < len(text) else ""
-        raise FgcError(f"unexpected character {ch!r}", Span(filename, e.line, e.column),
-                       _describe_expected(set(e.allowed or ())) or None) from None
-    except lark.UnexpectedToken as e:
-        tok = e.token
-        if tok.type == "$END":
-            lines = text.split("\n")
-            span = Span(filename, len(lines), len(lines[-1]) + 1)
-            msg = "unexpected end of file"
-        else:
-            span = Span(filename, tok.line, tok.column, tok.end_line, tok.end_column)
-            msg = f"unexpected {_token_text(tok)}"
-        raise FgcError(msg, span, _describe_expected(set(e.expected)) or None) from None
-    except lark.UnexpectedEOF as e:
-        lines = text.split("\n")
-        raise FgcError("unexpected end of file", Span(filename, len(lines), len(lines[-1]) + 1),
-                       _describe_expected(set(e.expected)) or None) from None
-    _check_depth(tree, filename)
+        with open(path, "rb") as f:
+            return pickle.load(f)
+    except Exception:  # noqa: BLE001 - a missing or unreadable entry is rebuilt
+        pass
+    from .parse_tree import parse_uncached
+    tree = parse_uncached(text, filename)
     try:
-        return _ToSyntax(filename).transform(tree)
-    except lark.exceptions.VisitError as e:
-        if isinstance(e.orig_exc, FgcError):
-            raise e.orig_exc from None
-        raise
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+        with os.fdopen(fd, "wb") as f:
+            pickle.dump(tree, f, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(tmp, path)
+        _prune(path.parent)
+    except OSError:
+        pass
+    return tree
 
 
-def _check_depth(tree: Tree, filename: str) -> None:
-    """Reject absurd nesting before any recursive pass sees the tree."""
-    stack = [(tree, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if depth > MAX_DEPTH:
-            meta = node.meta
-            raise FgcError(f"expression more than {MAX_DEPTH} operations deep (nested "
-                           "brackets and calls, or a long chain of operators)",
-                           Span(filename, meta.line, meta.column),
-                           "split it into named intermediate equations")
-        for child in node.children:
-            if isinstance(child, Tree):
-                stack.append((child, depth + 1))
+CACHE_ENTRIES = 512
 
 
-def parse_number(tok: Token, filename: str) -> Fraction:
+def _prune(folder: Path) -> None:
+    """Keep the cache small: past CACHE_ENTRIES files, drop the least recently used quarter."""
+    entries = list(folder.glob("parse-*.pickle"))
+    if len(entries) <= CACHE_ENTRIES:
+        return
+    entries.sort(key=lambda p: p.stat().st_atime)
+    for old in entries[: len(entries) // 4]:
+        old.unlink(missing_ok=True)
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fgc"
+
+
+@functools.lru_cache(maxsize=1)
+def _code_version() -> bytes:
+    here = Path(__file__).parent
+    return b"".join((here / f).read_bytes() for f in ("grammar.lark", "parse.py",
+                                                      "parse_tree.py", "syntax.py"))
+
+
+def _cache_key(text: str, filename: str) -> str:
+    h = hashlib.sha256(_code_version())
+    h.update(filename.encode("utf-8", "surrogatepass") + b"\0")
+    h.update(text.encode("utf-8", "surrogatepass"))
+    return h.hexdigest()[:24]
+
+
+def parse_number(tok, filename: str) -> Fraction:
     text = str(tok).replace("_", "")
     scale = 1
     if text[-1] in _SUFFIX:
@@ -125,343 +105,4 @@ def parse_number(tok: Token, filename: str) -> Fraction:
                        f"fgc accepts at most {MAX_NUMBER_DIGITS} digits")
     return Fraction(text) * scale
 
-
-def _binop(op: str):
-    @v_args(meta=True)
-    def method(self, meta, children):
-        return S.BinOp(self._span(meta), op, children[0], children[1])
-    return method
-
-
-class _ToSyntax(Transformer):
-    """Parse tree to syntax tree. Each method receives (meta, children)."""
-
-    def __init__(self, filename: str):
-        super().__init__()
-        self.filename = filename
-
-    def _span(self, meta) -> Span:
-        if getattr(meta, "empty", True):
-            return Span(self.filename, 1, 1)
-        return Span(self.filename, meta.line, meta.column, meta.end_line, meta.end_column)
-
-    def _tspan(self, tok: Token) -> Span:
-        return Span(self.filename, tok.line, tok.column, tok.end_line, tok.end_column)
-
-    # ------------------------------------------------------------ top level
-    def start(self, children):
-        modules = [c for c in children if isinstance(c, S.Module)]
-        models = [c for c in children if isinstance(c, S.Model)]
-        return S.File(self.filename, modules, models)
-
-    @v_args(meta=True)
-    def module(self, meta, children):
-        name = children[0]
-        rest = children[1:]
-        hypers: list[S.HyperDecl] = []
-        inputs: list[S.ArgDecl] = []
-        if rest and isinstance(rest[0], tuple) and rest[0][0] == "hypers":
-            hypers = rest[0][1]
-            rest = rest[1:]
-        if rest and isinstance(rest[0], tuple) and rest[0][0] == "inputs":
-            inputs = rest[0][1]
-            rest = rest[1:]
-        out_type, body = rest[0], rest[1:]
-        equations = [s for s in body if isinstance(s, S.Equation)]
-        params = [p for s in body if isinstance(s, list) for p in s]
-        return S.Module(self._span(meta), str(name), hypers, inputs, out_type, equations, params)
-
-    def mod_hypers(self, children):
-        return ("hypers", children)
-
-    def mod_inputs(self, children):
-        return ("inputs", [c for c in children if c is not None])
-
-    @v_args(meta=True)
-    def arg_decl(self, meta, children):
-        name, typ = children[0], children[1]
-        family = children[2]
-        return S.ArgDecl(self._span(meta), str(name), typ, family)
-
-    @v_args(meta=True)
-    def model(self, meta, children):
-        name = str(children[0])
-        m = S.Model(self._span(meta), name, [], [], [], [], [], [])
-        for stmt in children[1:]:
-            if isinstance(stmt, tuple) and stmt[0] == "hyper":
-                m.hypers.extend(stmt[1])
-            elif isinstance(stmt, tuple) and stmt[0] == "input":
-                m.inputs.extend(stmt[1])
-            elif isinstance(stmt, S.Preset):
-                m.presets.append(stmt)
-            elif isinstance(stmt, list):
-                m.params.extend(stmt)
-            elif isinstance(stmt, S.Expect):
-                m.expects.append(stmt)
-            else:
-                m.statements.append(stmt)
-        return m
-
-    def hyper_stmt(self, children):
-        return ("hyper", children)
-
-    @v_args(meta=True)
-    def hyper_decl(self, meta, children):
-        return S.HyperDecl(self._span(meta), str(children[0]), children[1])
-
-    def preset_name(self, children):
-        if len(children) == 2:
-            num, rest = children
-            if (num.end_line, num.end_column) != (rest.line, rest.column):
-                raise FgcError("a preset name is one word, like `175b`", self._tspan(num),
-                               f"write `{num}{rest}`")
-        return "".join(str(c) for c in children)
-
-    @v_args(meta=True)
-    def preset(self, meta, children):
-        name = str(children[0])
-        assigns = [c for c in children[1:] if isinstance(c, tuple)]
-        expects = [c for c in children[1:] if isinstance(c, S.Expect)]
-        return S.Preset(self._span(meta), name, assigns, expects)
-
-    @v_args(meta=True)
-    def assign(self, meta, children):
-        return (str(children[0]), children[1], self._span(meta))
-
-    def input_stmt(self, children):
-        return ("input", children)
-
-    @v_args(meta=True)
-    def output(self, meta, children):
-        name, value = children
-        return S.Output(self._span(meta), str(name) if name is not None else None, value)
-
-    @v_args(meta=True)
-    def expect(self, meta, children):
-        return S.Expect(self._span(meta), str(children[0]), children[1])
-
-    @v_args(meta=True)
-    def share(self, meta, children):
-        return S.Share(self._span(meta), [str(c) for c in children])
-
-    @v_args(meta=True)
-    def loop(self, meta, children):
-        var, (lo, hi), *body = children
-        return S.Loop(self._span(meta), str(var), lo, hi, body)
-
-    # ------------------------------------------------------------ params and types
-    def param_stmt(self, children):
-        return children
-
-    @v_args(meta=True)
-    def param_decl(self, meta, children):
-        return S.ParamDecl(self._span(meta), str(children[0]), children[1], children[2])
-
-    @v_args(meta=True)
-    def family(self, meta, children):
-        var, (lo, hi) = children
-        return S.Family(self._span(meta), str(var), lo, hi)
-
-    def range(self, children):
-        return (children[0], children[1])
-
-    @v_args(meta=True)
-    def real_type(self, meta, children):
-        return S.RealType(self._span(meta), [c for c in children if c is not None])
-
-    @v_args(meta=True)
-    def dim(self, meta, children):
-        child = children[0]
-        if isinstance(child, Token) and child.type == "ELLIPSIS":
-            return S.Ellipsis_(self._span(meta))
-        return child
-
-    def _dims(self, rest) -> list:
-        dims = []
-        for c in rest:
-            if isinstance(c, Token) and c.type == "NAME":
-                dims.append(S.Name(self._tspan(c), str(c)))
-            elif isinstance(c, Token) and c.type == "INT":
-                dims.append(S.Num(self._tspan(c), parse_number(c, self.filename), str(c)))
-            else:
-                dims.append(c)
-        return dims
-
-    def dimpow(self, children):
-        return ("dims", self._dims(children))
-
-    @v_args(meta=True)
-    def int_range_type(self, meta, children):
-        lo, hi, *rest = children
-        dims = rest[0][1] if rest and rest[0] is not None else []
-        return S.IntType(self._span(meta), lo, hi, dims)
-
-    @v_args(meta=True)
-    def int_set_type(self, meta, children):
-        dims = []
-        if isinstance(children[-1], tuple):
-            dims = children[-1][1]
-            children = children[:-1]
-        values = [c for c in children if c is not None]
-        return S.IntType(self._span(meta), values[0], values[-1], dims, values=values)
-
-    @v_args(meta=True)
-    def perm_type(self, meta, children):
-        return S.PermType(self._span(meta), children[0])
-
-    @v_args(meta=True)
-    def tuple_type(self, meta, children):
-        return S.TupleType(self._span(meta), children)
-
-    # ------------------------------------------------------------ equations
-    @v_args(meta=True)
-    def equation(self, meta, children):
-        lhs = [c for c in children if isinstance(c, (S.LhsName, S.LhsLayer, S.LhsHead,
-                                                      S.LhsIndex))]
-        rest = children[len(lhs):]
-        rhs = rest[0]
-        where: list[S.WhereEq] = []
-        family = None
-        for extra in rest[1:]:
-            if isinstance(extra, S.Family):
-                family = extra
-            elif isinstance(extra, list):
-                where = extra
-        return S.Equation(self._span(meta), lhs, rhs, where, family)
-
-    @v_args(meta=True)
-    def lhs_name(self, meta, children):
-        return S.LhsName(self._span(meta), str(children[0]))
-
-    @v_args(meta=True)
-    def lhs_layer(self, meta, children):
-        return S.LhsLayer(self._span(meta), str(children[0]), children[1])
-
-    @v_args(meta=True)
-    def lhs_head(self, meta, children):
-        return S.LhsHead(self._span(meta), str(children[0]),
-                         [str(c) for c in children[1:] if c is not None])
-
-    @v_args(meta=True)
-    def lhs_index(self, meta, children):
-        head = children[0]
-        if isinstance(head, Token):
-            head = S.LhsName(self._tspan(head), str(head))
-        return S.LhsIndex(self._span(meta), head, [str(c) for c in children[1:]])
-
-    def where(self, children):
-        return children
-
-    @v_args(meta=True)
-    def where_eq(self, meta, children):
-        return S.WhereEq(self._span(meta), str(children[0]), children[1], children[2])
-
-    # ------------------------------------------------------------ expressions
-    @v_args(meta=True)
-    def name(self, meta, children):
-        return S.Name(self._span(meta), str(children[0]))
-
-    @v_args(meta=True)
-    def int_(self, meta, children):
-        return S.Num(self._span(meta), parse_number(children[0], self.filename), str(children[0]))
-
-    float_ = int_
-
-    @v_args(meta=True)
-    def inf(self, meta, children):
-        return S.Inf(self._span(meta))
-
-    add = _binop("+")
-    sub = _binop("-")
-    mul = _binop("*")
-    div = _binop("/")
-    matmul = _binop("@")
-    mod = _binop("%")
-
-    @v_args(meta=True)
-    def neg(self, meta, children):
-        return S.Neg(self._span(meta), children[0])
-
-    @v_args(meta=True)
-    def compare(self, meta, children):
-        return S.Compare(self._span(meta), str(children[1]), children[0], children[2])
-
-    @v_args(meta=True)
-    def parity(self, meta, children):
-        return S.Parity(self._span(meta), children[0], str(children[1]) == "even")
-
-    @v_args(meta=True)
-    def and_(self, meta, children):
-        return S.BoolOp(self._span(meta), "and", children[0], children[1])
-
-    @v_args(meta=True)
-    def or_(self, meta, children):
-        return S.BoolOp(self._span(meta), "or", children[0], children[1])
-
-    @v_args(meta=True)
-    def not_(self, meta, children):
-        return S.Not(self._span(meta), children[0])
-
-    @v_args(meta=True)
-    def ifexp(self, meta, children):
-        then, cond, orelse = children
-        return S.IfExp(self._span(meta), cond, then, orelse)
-
-    @v_args(meta=True)
-    def index(self, meta, children):
-        return S.Index(self._span(meta), children[0], children[1:])
-
-    @v_args(meta=True)
-    def full_slice(self, meta, children):
-        return S.FullSlice(self._span(meta))
-
-    @v_args(meta=True)
-    def range_slice(self, meta, children):
-        return S.RangeSlice(self._span(meta), children[0], children[1])
-
-    @v_args(meta=True)
-    def kwarg(self, meta, children):
-        return S.Kwarg(self._span(meta), str(children[0]), children[1])
-
-    @v_args(meta=True)
-    def layer_ref(self, meta, children):
-        return S.LayerRef(self._span(meta), children[0], children[1])
-
-    @v_args(meta=True)
-    def superscript(self, meta, children):
-        return S.Superscript(self._span(meta), children[0], str(children[1]))
-
-    @v_args(meta=True)
-    def ellipsis(self, meta, children):
-        return S.Ellipsis_(self._span(meta))
-
-    @v_args(meta=True)
-    def call(self, meta, children):
-        func, *args = children
-        args = [a for a in args if a is not None]
-        span = self._span(meta)
-        if isinstance(func, S.Name):
-            return S.Call(span, func.name, func.span, args)
-        if isinstance(func, S.Index) and isinstance(func.base, S.Name):
-            return S.Call(span, func.base.name, func.base.span, args, hyper_args=func.items)
-        raise FgcError("only a module or a primitive can be called", func.span,
-                       "write `Name(args)` or `Name[hypers](args)`")
-
-    @v_args(meta=True)
-    def labeled(self, meta, children):
-        label, func, *rest = children
-        hyper_args: list = []
-        if rest and isinstance(rest[0], tuple) and rest[0][0] == "hyper_list":
-            hyper_args = rest[0][1]
-            rest = rest[1:]
-        args = [a for a in rest if a is not None]
-        return S.Call(self._span(meta), str(func), self._tspan(func), args,
-                      hyper_args=hyper_args, label=str(label))
-
-    def hyper_list(self, children):
-        return ("hyper_list", children)
-
-    @v_args(meta=True)
-    def tuple_(self, meta, children):
-        return S.Tuple_(self._span(meta), children)
 

@@ -27,33 +27,8 @@ MAX_LINE = 10_000  # characters; longer lines are generated or corrupt, not writ
 
 @functools.lru_cache(maxsize=1)
 def _stdlib() -> tuple[str, S.File]:
-    """The parsed standard library, cached on disk by content (parsing it on every run
-    would be a fifth of `fgc params`'s time)."""
-    import hashlib
-    import os
-    import pickle
-    import tempfile
     text = STDLIB.read_text(encoding="utf-8")
-    grammar = (Path(__file__).parent / "grammar.lark").read_bytes()
-    key = hashlib.sha256(text.encode() + grammar + Path(__file__).read_bytes()
-                         + (Path(__file__).parent / "syntax.py").read_bytes()).hexdigest()[:16]
-    cache_dir = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fgc"
-    cached = cache_dir / f"stdlib-{key}.pickle"
-    try:
-        with open(cached, "rb") as f:
-            return text, pickle.load(f)
-    except Exception:  # noqa: BLE001 - a missing or unreadable cache is rebuilt
-        pass
-    tree = parse_text(text, "stdlib.fgpt")
-    try:
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=cache_dir, suffix=".tmp")
-        with os.fdopen(fd, "wb") as f:
-            pickle.dump(tree, f, protocol=pickle.HIGHEST_PROTOCOL)
-        os.replace(tmp, cached)
-    except OSError:
-        pass
-    return text, tree
+    return text, parse_text(text, "stdlib.fgpt")
 
 
 def read_source(path: str) -> str:

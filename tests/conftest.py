@@ -5,12 +5,16 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# the parse cache of this run lives with the run, not in the user's ~/.cache
+os.environ.setdefault("XDG_CACHE_HOME", tempfile.mkdtemp(prefix="fgc-test-cache-"))
 SPECS = ROOT / "specs"
 
 settings.register_profile("ci", derandomize=True, max_examples=60, deadline=None,

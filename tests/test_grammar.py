@@ -15,7 +15,8 @@ import lark
 import pytest
 from conftest import GOLDEN, ROOT, all_specs
 
-from compiler.parse import GRAMMAR, parse_text, parser
+from compiler.parse import GRAMMAR, parse_text
+from compiler.parse_tree import parser
 
 STDLIB = ROOT / "compiler" / "stdlib" / "stdlib.fgpt"
 

@@ -397,7 +397,7 @@ programs = st.lists(st.one_of(model_text(), module_text()), min_size=1, max_size
 @given(programs)
 def test_generated_programs_are_grammatical(text):
     """The generator writes only what the grammar accepts (a check on both)."""
-    from compiler.parse import parser
+    from compiler.parse_tree import parser
     note(text)
     parser().parse(text)
 
