@@ -40,6 +40,14 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--format", choices=["text", "json"], default="text")
     q.add_argument("--by-module", action="store_true", help="break the count down by module")
 
+    k = sub.add_parser("compile", help="emit code: a PyTorch module (model.py)")
+    k.add_argument("file", metavar="SPEC")
+    k.add_argument("--target", choices=["torch"], default="torch")
+    _config_args(k)
+    k.add_argument("--weights", metavar="W.safetensors",
+                   help="a checkpoint in the released model's own tensor names")
+    k.add_argument("-o", "--out", metavar="DIR", required=True, help="output folder")
+
     r = sub.add_parser("ir", help="print the elaborated IR")
     r.add_argument("file", metavar="FILE")
     _config_args(r)
@@ -66,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
     args = build_parser().parse_args(argv)
     try:
-        return {"check": cmd_check, "params": cmd_params, "ir": cmd_ir}[args.command](args)
+        return {"check": cmd_check, "params": cmd_params, "ir": cmd_ir,
+                "compile": cmd_compile}[args.command](args)
     except BrokenPipeError:
         return EXIT_OK
     except KeyboardInterrupt:
@@ -380,6 +389,41 @@ def _num(v) -> str:
     if isinstance(v, int):
         return f"{v:,}" if abs(v) >= 10_000 else str(v)
     return repr(v)
+
+
+# ---------------------------------------------------------------- fgc compile
+
+
+def cmd_compile(args) -> int:
+    from .emit import compile_spec
+    from .errors import FgcError, Sources
+    from .pipeline import load
+    try:
+        sets = _sets(args.set)
+    except _Usage as e:
+        print(f"fgc: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        result = compile_spec(args.file, args.out, args.target, args.preset, sets, args.weights)
+    except FgcError as e:
+        sources = getattr(e, "sources", None)
+        if sources is None:
+            try:
+                sources = load(args.file).sources
+            except FgcError:
+                sources = Sources()
+        _print_diagnostics(e.diagnostics, sources)
+        return EXIT_SPEC
+    for f in result.files:
+        print(f"wrote {f}")
+    if result.ignored:
+        print(f"ignored {len(result.ignored)} checkpoint tensors the spec marks as not "
+              f"parameters (e.g. {result.ignored[0]})")
+    if result.extras:
+        print(f"note: {len(result.extras)} checkpoint tensors were not used: "
+              f"{', '.join(result.extras[:5])}{' …' if len(result.extras) > 5 else ''}",
+              file=sys.stderr)
+    return EXIT_OK
 
 
 # ---------------------------------------------------------------- fgc ir

@@ -163,9 +163,55 @@ class _ToSyntax(Transformer):
                 m.params.extend(stmt)
             elif isinstance(stmt, S.Expect):
                 m.expects.append(stmt)
+            elif isinstance(stmt, S.Checkpoint):
+                if m.checkpoint is not None:
+                    raise FgcError("a model has one checkpoint block", stmt.span)
+                m.checkpoint = stmt
             else:
                 m.statements.append(stmt)
         return m
+
+    @v_args(meta=True)
+    def checkpoint(self, meta, children):
+        ck = S.Checkpoint(self._span(meta), [], [], [])
+        for item in children:
+            kind, value = item
+            if kind == "prefix":
+                ck.prefixes.extend(value)
+            elif kind == "ignore":
+                ck.ignore.extend(value)
+            elif kind == "map":
+                ck.maps.append(value)
+            else:  # layers
+                for k2, v2 in value:
+                    if k2 == "map":
+                        v2.per_layer = True
+                        ck.maps.append(v2)
+                    else:
+                        ck.ignore.extend(v2)
+        return ck
+
+    def ckpt_prefix(self, children):
+        return ("prefix", [str(c)[1:-1] for c in children])
+
+    def ckpt_ignore(self, children):
+        return ("ignore", [str(c)[1:-1] for c in children])
+
+    def ckpt_layers(self, children):
+        return ("layers", children)
+
+    @v_args(meta=True)
+    def ckpt_map(self, meta, children):
+        names = [str(c) for c in children if isinstance(c, Token) and c.type == "NAME"]
+        source = next(str(c)[1:-1] for c in children if isinstance(c, Token)
+                      and c.type == "STRING")
+        steps = [c for c in children if isinstance(c, S.CkptStep)]
+        return ("map", S.CkptMap(self._span(meta), names, source, steps))
+
+    @v_args(meta=True)
+    def ckpt_step(self, meta, children):
+        return S.CkptStep(self._span(meta), str(children[0]),
+                          [int(str(c)) for c in children[1:] if c is not None])
 
     def hyper_stmt(self, children):
         return ("hyper", children)

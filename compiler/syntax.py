@@ -291,6 +291,30 @@ class Module:
 
 
 @dataclass
+class CkptStep:
+    span: Span
+    name: str  # transpose | split | heads
+    args: list[int]
+
+
+@dataclass
+class CkptMap:
+    span: Span
+    path: list[str]  # ["attn", "W^Q"] or ["W_e"]
+    source: str  # "h.{l}.attn.c_attn.weight"
+    steps: list[CkptStep]
+    per_layer: bool = False
+
+
+@dataclass
+class Checkpoint:
+    span: Span
+    prefixes: list[str]
+    maps: list[CkptMap]
+    ignore: list[str]
+
+
+@dataclass
 class Model:
     span: Span
     name: str
@@ -300,6 +324,7 @@ class Model:
     params: list[ParamDecl]
     statements: list  # Equation | Loop | Output | Share, in source order
     expects: list[Expect]
+    checkpoint: Checkpoint | None = None
 
 
 @dataclass

@@ -960,8 +960,15 @@ class Generator:
             body.lower(fn.eqns)
             outs = [o.name for o in fn.outputs]
             lines = body.emit(outs)
-            result = ", ".join(body.result(o) if o in body.vals else "None" for o in outs)
-            lines.append(Line(f"return {result}"))
+            results = []
+            for o, declared in zip(outs, fn.outputs):
+                r = body.result(o) if o in body.vals else "None"
+                if o in body.vals and declared.type.dtype == "real" and \
+                        body.vals[o].type.dtype != "real":
+                    r = f"({r}).to(torch.get_default_dtype())" if not _atomic(r) else \
+                        f"{r}.to(torch.get_default_dtype())"
+                results.append(r)
+            lines.append(Line(f"return {', '.join(results)}"))
             self._resolve_line_refs(body, lines)
         self.in_module = False
         kw_part = []
@@ -1033,10 +1040,14 @@ class Generator:
         args = []
         for v, inp in zip(ins, fn.inputs):
             expr = v.expr
-            if v.raw_lo is not None:
-                expr = _math(b, v)  # integers cross into modules as their 1-based values
             if self.needs_tensor(fn.name, inp.name):
                 expr = self.maybe_mask(b, v, v.type)
+            if v.raw_lo is not None:
+                expr = _math(b, v)  # integers cross into modules as their 1-based values
+            if inp.type.dtype == "real" and v.type.dtype != "real" and "{{" in expr:
+                # an integer argument where the module takes reals
+                expr = f"({expr}).to(torch.get_default_dtype())" if not _atomic(expr) \
+                    else f"{expr}.to(torch.get_default_dtype())"
             args.append(expr)
         forward_kw = self.forward_hypers(fn)
         if forward_kw:
