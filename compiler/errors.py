@@ -73,12 +73,12 @@ class Sources:
 
 
 _WINDOW = 100  # characters of a long source line shown around the caret
-_LONG_QUOTE = re.compile(r"`([^`\n]{41,})`")
+_LONG_QUOTE = re.compile(r"`([^`\n]{121,})`")
 
 
 def elide(text: str) -> str:
-    """Shorten quoted names longer than 40 characters: `Yyyyyyy…(9,900 characters)`."""
-    return _LONG_QUOTE.sub(lambda m: f"`{m.group(1)[:30]}…({len(m.group(1)):,} characters)`",
+    """Shorten quoted names longer than 120 characters: `Yyyyyyy…(9,900 characters)`."""
+    return _LONG_QUOTE.sub(lambda m: f"`{m.group(1)[:60]}…({len(m.group(1)):,} characters)`",
                            text)
 
 

@@ -102,9 +102,12 @@ class Spec:
     def symbolic_hypers(self, m: S.Model) -> Hypers:
         free, derived = self._classify(m)
         values: dict[str, Poly | float] = {}
+        reals: set[str] = set()
         for name, h in free.items():
             lit = _literal(h.default) if h.default is not None else None
-            values[name] = lit if isinstance(lit, float) else Poly.sym(name)
+            values[name] = Poly.sym(name)
+            if isinstance(lit, float):
+                reals.add(name)  # a real number like eps: a symbol, but never a size
         defs: dict[str, Poly] = {}
         for name in derived:
             values[name] = Poly.sym(name)
@@ -119,7 +122,7 @@ class Spec:
             else:
                 values[name] = v
         _check_acyclic(defs, derived)
-        return Hypers(values=values, derived=defs)
+        return Hypers(values=values, derived=defs, reals=reals)
 
     def numeric_hypers(self, m: S.Model, preset: S.Preset | None,
                        sets: dict[str, Fraction | float],
@@ -247,7 +250,8 @@ class Spec:
         for entry in cfg.count.entries:
             for d in entry.shape:
                 out.update(d.symbols())
-        return out & {h.name for h in self.model.hypers}
+        reals = cfg.hypers.reals  # type: ignore[attr-defined]
+        return (out & {h.name for h in self.model.hypers}) - reals
 
     def _check_sizes(self, hypers: Hypers, preset: S.Preset | None, label: str) -> None:
         m = self.model

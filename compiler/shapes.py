@@ -179,6 +179,7 @@ class Hypers:
     derived: dict[str, Poly] = field(default_factory=dict)
     numeric: bool = False
     preset: str | None = None
+    reals: set[str] = field(default_factory=set)  # symbols that stand for real numbers
 
     def expand(self, p: Poly) -> Poly:
         for _ in range(16):
@@ -1545,6 +1546,7 @@ class ModelElaborator(_Body):
         self.def_spans: dict[str, Span] = {}
         self.scope.symbols = dict(hypers.values)
         self.scope.real_symbols = {k for k, v in hypers.values.items() if isinstance(v, float)}
+        self.scope.real_symbols |= hypers.reals
         self.statics = Statics(self.scope.symbols, top.file)
 
     def run(self) -> ir.Model:

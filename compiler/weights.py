@@ -1,8 +1,8 @@
 """Importing a checkpoint: the spec's `checkpoint { ... }` block, applied to a safetensors file.
 
 The block is data: for each spec parameter, the checkpoint tensor it comes from and the
-steps that reshape it (`transpose`, `split(axis, parts, index)`, `heads(axis)`; axes and
-indices are 1-based). `{l}` in a name is the checkpoint's own 0-based layer number. Without
+steps that reshape it (`transpose`, `split(axis, parts, index)`, `heads(axis)`: that axis is A·D, split
+into the members; axes and indices are 1-based). `{l}` in a name is the checkpoint's own 0-based layer number. Without
 a block, the file holds the compiled module's own names. Works on numpy arrays: importing
 weights for the ONNX backend must not import torch.
 """
@@ -18,6 +18,7 @@ import numpy as np
 
 from . import ir
 from . import syntax as S
+from .backends.torch.codegen import family_layout
 from .backends.torch.names import ident
 from .errors import Diagnostic, FgcError, Span
 from .params import Entry, as_int
@@ -69,7 +70,7 @@ def _layers_of(entry: Entry, cfg) -> list[int | None]:
 def _expected(entry: Entry) -> tuple[int, ...]:
     dims = [as_int(d) for d in entry.shape]
     if entry.family is not None:
-        dims = [as_int(entry.family)] + dims
+        dims = family_layout(dims, as_int(entry.family))
     return tuple(dims)
 
 
@@ -99,7 +100,9 @@ def _apply(step: S.CkptStep, x: np.ndarray, family: int | None, source: str) -> 
                            f"{family} heads", step.span)
         shape = list(x.shape)
         shape[axis: axis + 1] = [family, shape[axis] // family]
-        return np.moveaxis(x.reshape(shape), axis, 0)
+        x = x.reshape(shape)
+        # stored with the family axis just before the member's last axis (family_layout)
+        return np.moveaxis(x, axis, max(x.ndim - 2, 0))
     raise FgcError(f"unknown step `{step.name}`", step.span,
                    "steps are transpose, split(axis, parts, index) and heads(axis)")
 

@@ -84,6 +84,15 @@ def py_const(c, sym: dict[str, str]) -> str:
 # ---------------------------------------------------------------- layouts
 
 
+def family_layout(dims: list, family):
+    """How an indexed family of parameters is stored: one tensor, the family axis just
+    before the member's last axis. W_i^Q ∈ R^{H×D} for i in 1..A is (H, A, D), so
+    X @ W^Q for every head at once is one matrix product with the (H, A·D) view."""
+    if len(dims) >= 2:
+        return dims[:-1] + [family] + dims[-1:]
+    return [family] + dims
+
+
 @dataclass(frozen=True)
 class Layout:
     lead: bool  # leading axes before the spec's own: the batch, a caller's family axes
@@ -111,7 +120,9 @@ class Line:
 
     @property
     def text(self) -> str:
-        """The line at method-body indentation, wrapped to 99 columns."""
+        """The line at method-body indentation, wrapped to WIDTH columns."""
+        if "\n" in self.code:
+            return "\n".join(" " * 8 + x for x in self.code.split("\n"))
         return "\n".join(wrap(self.code, self.comment, " " * 8))
 
 
@@ -135,54 +146,83 @@ def _split_top(args: str) -> list[str]:
     return parts
 
 
+def _top_level(code: str, needles: tuple[str, ...]) -> list[int]:
+    """Positions of the needles outside any brackets."""
+    out, depth, k = [], 0, 0
+    while k < len(code):
+        ch = code[k]
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif depth == 0:
+            for n in needles:
+                if code.startswith(n, k):
+                    out.append(k)
+                    break
+        k += 1
+    return out
+
+
 def wrap(code: str, comment: str, indent: str) -> list[str]:
-    """Lines for one statement: as is when it fits, else its outermost call's arguments
-    one per line (the comment goes above, so it never pushes a line over)."""
-    extra = code.count("\n")
-    first_indent = indent
-    sub_lines = code.split("\n")
-    code0 = sub_lines[0]
-    tail = [indent + x for x in sub_lines[1:]] if extra else []
-    one = f"{first_indent}{code0}" + (f"  # {comment}" if comment else "")
+    """One statement as lines of at most WIDTH columns: as is when it fits; else the
+    comment goes above, a long sum is split before its operators, and a long call gets
+    one argument per line."""
+    one = f"{indent}{code}" + (f"  # {comment}" if comment else "")
     if len(one) <= WIDTH:
-        return [one] + tail
-    head = [f"{first_indent}# {comment}"] if comment else []
-    line = f"{first_indent}{code0}"
+        return [one]
+    head = [f"{indent}# {comment}"] if comment else []
+    if len(indent) + len(code) <= WIDTH:
+        return head + [indent + code]
+    eq = _top_level(code, (" = ",))
+    if eq and not code.startswith("return ") and not code.startswith("for "):
+        lhs, rhs = code[: eq[0]], code[eq[0] + 3:]
+        return head + _wrap_expr(rhs, indent, f"{lhs} = ", "")
+    if code.startswith("return "):
+        return head + _wrap_expr(code[7:], indent, "return ", "")
+    return head + _wrap_expr(code, indent, "", "")
+
+
+def _wrap_expr(expr: str, indent: str, before: str, after: str) -> list[str]:
+    line = f"{indent}{before}{expr}{after}"
     if len(line) <= WIDTH:
-        return head + [line] + tail
-    # the last top-level call that spans to the end of the line
-    depth = 0
-    opening = None
-    for k, ch in enumerate(code0):
-        if ch in "([":
-            if depth == 0 and ch == "(":
-                opening = k
-            depth += 1
-        elif ch in ")]":
-            depth -= 1
-    if opening is None or not code0.rstrip().endswith(")"):
-        return head + [line] + tail
-    # find the outermost '(' whose match is the final ')'
-    depth = 0
-    start = None
-    for k in range(len(code0) - 1, -1, -1):
-        ch = code0[k]
-        if ch in ")]":
-            depth += 1
-        elif ch in "([":
-            depth -= 1
-            if depth == 0:
-                start = k
-                break
-    if start is None:
-        return head + [line] + tail
-    is_call = start > 0 and (code0[start - 1].isalnum() or code0[start - 1] in "_])")
-    args = _split_top(code0[start + 1:-1]) if is_call else [code0[start + 1:-1]]
-    out = [f"{first_indent}{code0[:start + 1]}"]
-    for a in args:
-        out.extend(wrap(a + ("," if is_call else ""), "", first_indent + "    "))
-    out.append(f"{first_indent})")
-    return head + out + tail
+        return [line]
+    inner = indent + "    "
+    ops = _top_level(expr, (" + ", " - ", " @ ", " * ", " / "))
+    if ops:
+        terms, last = [], 0
+        for k in ops:
+            terms.append(expr[last:k])
+            last = k + 1
+        terms.append(expr[last:])
+        out = [f"{indent}{before}("]
+        out.extend(_wrap_expr(terms[0].strip(), inner, "", ""))
+        for t in terms[1:]:
+            t = t.strip()
+            op, rest = t[:1], t[1:].strip()
+            out.extend(_wrap_expr(rest, inner, f"{op} ", ""))
+        out.append(f"{indent}){after}")
+        return out
+    if expr.endswith(")"):
+        depth, start = 0, None
+        for k in range(len(expr) - 1, -1, -1):
+            ch = expr[k]
+            if ch in ")]":
+                depth += 1
+            elif ch in "([":
+                depth -= 1
+                if depth == 0:
+                    start = k
+                    break
+        if start:
+            is_call = expr[start - 1].isalnum() or expr[start - 1] in "_])"
+            args = _split_top(expr[start + 1:-1]) if is_call else [expr[start + 1:-1]]
+            out = [f"{indent}{before}{expr[:start + 1]}"]
+            for a in args:
+                out.extend(_wrap_expr(a, inner, "", "," if is_call else ""))
+            out.append(f"{indent}){after}")
+            return out
+    return [line]
 
 
 @dataclass
@@ -217,7 +257,8 @@ class ClassView:
 
 
 class _Val:
-    __slots__ = ("expr", "layout", "type", "raw_lo", "producer", "named", "line_name")
+    __slots__ = ("expr", "layout", "type", "raw_lo", "producer", "named", "line_name",
+                 "stored")
 
     def __init__(self, expr, layout, type_, raw_lo=None, producer=None, named=False):
         self.expr = expr
@@ -227,6 +268,7 @@ class _Val:
         self.producer = producer
         self.named = named
         self.line_name = None
+        self.stored = None
 
 
 class Body:
@@ -266,12 +308,17 @@ class Body:
             if o.member is not None and not fam:
                 raise Unsupported(f"`{o}`: member of a parameter that is not a family")
             if fam and for_eqn.family is None and not o.whole_family:
-                expr = f"{expr}[{self._member_index(o.member)}]"
+                axis = -2 if len(t.shape) >= 2 else 0
+                expr = f"{expr}.select({axis}, {self._member_index(o.member)})"
                 fam = False
             expr = self._slice_dynamic(expr, t)
-            return _Val(expr, Layout(False, fam and not o.whole_family or
-                                     (fam and o.whole_family), len(t.shape)),
-                        t.member() if fam else t)
+            raw = None
+            if fam and len(t.shape) >= 2:
+                raw = expr
+                expr = f"{expr}.movedim(-2, 0)"
+            v = _Val(expr, Layout(False, fam, len(t.shape)), t.member() if fam else t)
+            v.stored = raw  # the family of matrices as stored: (..., A, last)
+            return v
         v = self.vals.get(o.name)
         if v is None:
             raise Unsupported(f"value `{o.name}` is not available here")
@@ -337,8 +384,8 @@ class Body:
             if lowering is None:
                 raise Unsupported(f"the torch backend has no lowering for `{e.op}`")
             if e.op != "cond":
-                ins = [_Val(self.gen.maybe_mask(self, v, v.type), v.layout, v.type,
-                            raw_lo=v.raw_lo, producer=v.producer) for v in ins]
+                for v in ins:
+                    v.expr = self.gen.maybe_mask(self, v, v.type)
             exprs = [lowering(self, e, ins, Layout(lead, fam_out or any(v.layout.fam
                                                                            for v in ins),
                                                    out_rank))]
@@ -564,6 +611,14 @@ def _matmul(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
         # OneHot(x) @ W is a row lookup: no V-wide one-hot is built
         ids = b.operand(onehot.ins[0], e)
         return f"embedding({ids.expr}, {y.expr})"
+    if y.stored is not None and not x.layout.fam and y.layout.rank == 2 and x.layout.rank:
+        # X @ W_i for every member i at once: one product with the (H, A*D) view, then the
+        # family axis moved in front of the member's rows
+        fam = e.family[1] if e.family else y.type.family
+        size = py_poly(fam, b.sym) if fam is not None else "-1"
+        prod = f"({x.expr} @ {y.stored}.flatten(-2)).unflatten(-1, ({size}, -1))"
+        r = x.layout.rank
+        return prod if r == 1 else f"{prod}.movedim(-2, {-r - 1})"
     xs = _align(b, x, out) if x.layout.rank and x.layout.rank >= 2 else x.expr
     ys = _align(b, y, out) if y.layout.rank and y.layout.rank >= 2 else y.expr
     xs = xs if _atomic(xs) else f"({xs})"
@@ -989,7 +1044,7 @@ class Generator:
     def _param_view(self, p: ir.Param, attr: str, sym: dict[str, str]) -> ParamView:
         dims = list(p.type.shape)
         if p.type.family is not None:
-            dims = [p.type.family] + dims
+            dims = family_layout(dims, p.type.family)
         shape = "(" + ", ".join(py_poly(d, sym) for d in dims) + ("," if len(dims) == 1 else "") \
             + ")"
         base = p.name.split("^")[0]

@@ -1,0 +1,102 @@
+"""Forward throughput: fgc's compiled released GPT-2 small vs transformers' GPT2LMHeadModel.
+
+Same weights (the HF model's, imported through `--weights`), same dtype (float32), same
+thread count, same inputs; each point alternates the two models, with warm-up, and reports
+the median time per forward pass. Both return the logits (fgc's `logits()`).
+
+    python benchmarks/torch_forward.py [--threads N] [--reps 20] [--write-readme]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import platform
+import re
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+MARK = "torch-forward"
+POINTS = [(1, 16), (8, 128), (4, 512)]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--write-readme", action="store_true")
+    args = ap.parse_args()
+
+    import torch
+    from safetensors.torch import load_file, save_file
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from compiler.emit import compile_spec
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    hf = GPT2LMHeadModel(GPT2Config()).eval()  # GPT-2 small, random weights
+    with tempfile.TemporaryDirectory() as tmp:
+        weights = Path(tmp) / "gpt2.safetensors"
+        save_file({k: v.contiguous().clone() for k, v in hf.state_dict().items()}, weights)
+        compile_spec(str(ROOT / "specs" / "gpt2.fgpt"), tmp, "torch", "small",
+                     weights=str(weights))
+        spec = importlib.util.spec_from_file_location("fgc_gpt2", Path(tmp) / "model.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        ours = module.build().eval()
+        ours.load_state_dict(load_file(Path(tmp) / "weights.safetensors"))
+
+    rows = []
+    with torch.inference_mode():
+        for batch, length in POINTS:
+            x = torch.randint(0, 50257, (batch, length))
+            diff = (ours.logits(x) - hf(x).logits).abs().max().item()
+            times = {"fgc": [], "hf": []}
+            for _ in range(3):  # warm-up
+                ours.logits(x)
+                hf(x)
+            for _ in range(args.reps):
+                t0 = time.perf_counter()
+                ours.logits(x)
+                t1 = time.perf_counter()
+                hf(x)
+                t2 = time.perf_counter()
+                times["fgc"].append(t1 - t0)
+                times["hf"].append(t2 - t1)
+            f, h = statistics.median(times["fgc"]), statistics.median(times["hf"])
+            rows.append((batch, length, f, h, diff))
+            print(f"B={batch} T={length}: fgc {f * 1000:.2f} ms, transformers "
+                  f"{h * 1000:.2f} ms, {h / f:.2f}x, max |logit diff| {diff:.1e}",
+                  file=sys.stderr)
+
+    machine = (f"{platform.machine()}, {args.threads} threads, torch {torch.__version__}, "
+               f"float32")
+    lines = [f"Forward pass of released GPT-2 small, logits, median of {args.reps} "
+             f"({machine}):", "",
+             "| batch × length | fgc (compiled) | transformers GPT2LMHeadModel | speed-up | "
+             "max abs logit difference |",
+             "|---|---:|---:|---:|---:|"]
+    for batch, length, f, h, diff in rows:
+        lines.append(f"| {batch} × {length} | {f * 1000:.2f} ms | {h * 1000:.2f} ms | "
+                     f"**{h / f:.2f}×** | {diff:.1e} |")
+    table = "\n".join(lines)
+    print(table)
+    if args.write_readme:
+        readme = ROOT / "README.md"
+        text = readme.read_text()
+        block = f"<!-- {MARK} -->\n{table}\n<!-- /{MARK} -->"
+        pattern = re.compile(rf"<!-- {MARK} -->.*?<!-- /{MARK} -->", re.S)
+        if not pattern.search(text):
+            raise SystemExit(f"README.md has no <!-- {MARK} --> block")
+        readme.write_text(pattern.sub(lambda _: block, text))
+
+
+if __name__ == "__main__":
+    main()
