@@ -1,10 +1,11 @@
 """Importing a checkpoint: the spec's `checkpoint { ... }` block, applied to a safetensors file.
 
 The block is data: for each spec parameter, the checkpoint tensor it comes from and the
-steps that reshape it (`transpose`, `split(axis, parts, index)`, `heads(axis)`: that axis is A·D, split
-into the members; axes and indices are 1-based). `{l}` in a name is the checkpoint's own 0-based layer number. Without
-a block, the file holds the compiled module's own names. Works on numpy arrays: importing
-weights for the ONNX backend must not import torch.
+steps that reshape it: `transpose`; `split(axis, parts, index)`; `heads(axis)`, which cuts
+an axis of size A·D into the family's A members. Axes and indices are 1-based; `{l}` in a
+name is the checkpoint's own 0-based layer number. Without a block, the file holds the
+compiled module's own names. Works on numpy arrays: importing weights for the ONNX backend
+must not import torch.
 """
 
 from __future__ import annotations
