@@ -44,11 +44,19 @@ def prepare_output(out_dir: str) -> Path:
     return p
 
 
+def readable(path: str) -> None:
+    """Temporary files are created 0600; what fgc writes is read by others as usual."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
+
+
 def write_text(path: Path, text: str) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
+        readable(tmp)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

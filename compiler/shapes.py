@@ -1780,6 +1780,7 @@ def _name_instances(body: list, top: Elaborator) -> None:
             counts[e.attrs["module"]] = counts.get(e.attrs["module"], 0) + 1
     seen: dict[str, int] = {}
     labels: dict[str, str] = {}
+    written = {e.attrs["label"] for e in calls if e.attrs.get("label")}
     for e in calls:
         mod = e.attrs["module"]
         label = e.attrs.get("label")
@@ -1788,10 +1789,13 @@ def _name_instances(body: list, top: Elaborator) -> None:
                 top._error(f"label `{label}` names uses of two modules, `{labels[label]}` and "
                            f"`{mod}`", e.span, "one label is one instance of one module")
             e.attrs["instance"] = label
-        elif counts[mod] == 1:
+        elif counts[mod] == 1 and mod not in written:
             e.attrs["instance"] = mod
         else:
+            # numbered, and never the same as a label written in the spec
             seen[mod] = seen.get(mod, 0) + 1
+            while f"{mod}_{seen[mod]}" in written:
+                seen[mod] += 1
             e.attrs["instance"] = f"{mod}_{seen[mod]}"
 
 

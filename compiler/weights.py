@@ -36,6 +36,8 @@ class Imported:
 def read_safetensors(path: str) -> dict[str, np.ndarray]:
     """All tensors of a safetensors file as numpy arrays, or a clear FgcError."""
     p = Path(path)
+    if p.is_dir():
+        raise FgcError(f"weights file {path} is a folder", None)
     if not p.is_file():
         raise FgcError(f"weights file {path} does not exist", None)
     try:
@@ -217,6 +219,8 @@ def write_safetensors(tensors: dict[str, np.ndarray], path: Path) -> None:
     os.close(fd)
     try:
         save_file(tensors, tmp)
+        from .emit import readable
+        readable(tmp)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

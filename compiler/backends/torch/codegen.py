@@ -21,9 +21,36 @@ import jinja2
 from ... import ir
 from ...ir import Ell, Eqn, Operand, TensorType
 from ...symbolic import Atom, Poly
-from .names import Namer, class_name, ident
+from .names import RESERVED, Namer, class_name, ident
 
 TEMPLATES = Path(__file__).parent / "templates"
+
+
+def safe_name(path: str) -> str:
+    """A file name as it may appear in generated code: letters, digits and `._-` only."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", Path(path).name) or "spec"
+
+
+def safe_doc(line: str) -> str:
+    """A spec line quoted in a docstring: no control characters, and no backslash or
+    quotes that could end or bend the string."""
+    line = "".join(ch if ch.isprintable() else " " for ch in line)
+    return line.replace("\\", "\\\\").replace('"' * 3, "'" * 3).rstrip()
+
+
+def doc_lines(line: str, width: int = 88) -> list[str]:
+    """A quoted spec line folded at spaces so the docstring stays within the line length;
+    continuation lines are indented under the first."""
+    out = []
+    indent = len(line) - len(line.lstrip())
+    while len(line) > width:
+        cut = line.rfind(" ", indent + 8, width)
+        if cut <= indent:
+            break
+        out.append(line[:cut].rstrip())
+        line = " " * (indent + 4) + line[cut:].lstrip()
+    out.append(line)
+    return out
 
 
 class Unsupported(Exception):
@@ -214,8 +241,10 @@ def _wrap_expr(expr: str, indent: str, before: str, after: str) -> list[str]:
                 if depth == 0:
                     start = k
                     break
-        if start:
-            is_call = expr[start - 1].isalnum() or expr[start - 1] in "_])"
+        if start == 0:  # a parenthesised whole: the split below brings its own brackets
+            return _wrap_expr(expr[1:-1], indent, before, after)
+        if start is not None:
+            is_call = start > 0 and (expr[start - 1].isalnum() or expr[start - 1] in "_])")
             args = _split_top(expr[start + 1:-1]) if is_call else [expr[start + 1:-1]]
             out = [f"{indent}{before}{expr[:start + 1]}"]
             for a in args:
@@ -288,6 +317,7 @@ class Body:
         self.deps: dict[str, list[str]] = {}
         self.comments: dict[str, str] = {}
         self.materialized: set[str] = set()
+        self.real_dtype = "torch.get_default_dtype()"  # what integers become where reals go
 
     # -- values
     def define_input(self, name: str, t: TensorType, layout: Layout, raw_lo=None) -> str:
@@ -359,7 +389,7 @@ class Body:
             try:
                 self.lower_eqn(e)
             except Unsupported as err:
-                loc = f"{Path(e.span.file).name}:{e.span.line}" if e.span else "?"
+                loc = f"{safe_name(e.span.file)}:{e.span.line}" if e.span else "?"
                 raise Unsupported(f"{loc}: {err}") from None
 
     def lower_eqn(self, e: Eqn) -> None:
@@ -424,7 +454,7 @@ class Body:
             dims.append("..." if isinstance(d, Ell) else py_poly(d, self.gen.comment_sym)
                         .replace(" ", ""))
         shape = "(" + ", ".join(dims) + ")" if dims else "()"
-        where = f"{Path(e.span.file).name}:{e.span.line}" if e.span else ""
+        where = f"{safe_name(e.span.file)}:{e.span.line}" if e.span else ""
         return f"{shape}  {where}".strip()
 
     # -- emission
@@ -833,6 +863,17 @@ MASK_PRODUCERS = {"Mask^AR", "Mask^AR_next", "Mask^BD"}
 # ---------------------------------------------------------------- the generator
 
 
+def check_distinct(pairs: list[tuple[str, str]], where: str) -> None:
+    """Two spec names must not become one Python attribute (`W_m` and `W^m` both read
+    W_m): that would silently merge two parameters."""
+    seen: dict[str, str] = {}
+    for spec_name, attr in pairs:
+        if attr in seen and seen[attr] != spec_name:
+            raise Unsupported(f"{seen[attr]} and {spec_name} in {where} would both be "
+                              f"`{attr}` in PyTorch; rename one of them")
+        seen[attr] = spec_name
+
+
 class _Names(dict):
     """Symbol names for comments: a symbol stands for itself unless mapped (n -> T)."""
 
@@ -853,11 +894,14 @@ class Generator:
         self.param_types: dict[str, ir.Param] = {}
         self.in_module = False
         self.dynamic: set[str] = set()
-        self.hyper_names = Namer()
+        self.hyper_names = Namer(RESERVED)
         self.consts: dict[str, str] = {}
         for h in self.model.hypers:
             self.consts[h.name] = self.hyper_names(h.name)
         self.comment_sym = _Names({h.name: h.name for h in self.model.hypers})
+        self.model_class = class_name(self.model.name)
+        while self.model_class in set(self.consts.values()) | RESERVED:
+            self.model_class += "_"
         for v in self.model.inputs:
             for d in v.type.shape:
                 if isinstance(d, Poly):
@@ -886,7 +930,8 @@ class Generator:
             return self.class_of[name]
         fn = self.functions[name]
         cls = class_name(name)
-        taken = {c.name for c in self.classes} | {ident(self.model.name)}
+        taken = {c.name for c in self.classes} | {self.model_class, self.model_class + "Layer"} \
+            | set(self.consts.values()) | RESERVED
         while cls in taken:
             cls += "_"
         self.class_of[name] = cls
@@ -987,6 +1032,10 @@ class Generator:
             self_attr[p.name] = f"self.{attr}"
             self.param_types[f"self.{attr}"] = p
             params.append(self._param_view(p, attr, {s: ident(s) for s in static}))
+        check_distinct([(f"parameter {p.name}", ident(p.name)) for p in fn.params]
+                       + [(f"module use {e.attrs['instance']}", ident(e.attrs["instance"]))
+                          for e in fn.eqns if e.op == "call"]
+                       + [(f"size {x}", ident(x)) for x in static], f"module `{fn.name}`")
         device = (f"{namer(fn.inputs[0].name)}.device" if fn.inputs else "device")
         self.in_module = True
         body = Body(self, sym, device, namer, self_attr, fn.span.file if fn.span else "")
@@ -1082,7 +1131,7 @@ class Generator:
             for k in range(first, last + 1):
                 text = self.sources.line(fn.span.file, k)
                 if text is not None:
-                    out.append(text.rstrip().replace("\\", "\\\\").replace('"""', "'''"))
+                    out.extend(doc_lines(safe_doc(text)))
         return out
 
     def lower_call(self, b: Body, e: Eqn, ins: list[_Val]) -> list[str]:
@@ -1101,8 +1150,8 @@ class Generator:
                 expr = _math(b, v)  # integers cross into modules as their 1-based values
             if inp.type.dtype == "real" and v.type.dtype != "real" and "{{" in expr:
                 # an integer argument where the module takes reals
-                expr = f"({expr}).to(torch.get_default_dtype())" if not _atomic(expr) \
-                    else f"{expr}.to(torch.get_default_dtype())"
+                dt = b.real_dtype
+                expr = f"({expr}).to({dt})" if not _atomic(expr) else f"{expr}.to({dt})"
             args.append(expr)
         forward_kw = self.forward_hypers(fn)
         if forward_kw:
@@ -1214,7 +1263,7 @@ class Generator:
         for s in self.dynamic:
             msym[s] = "T"
         self.loops: list[dict] = []
-        model_cls = ident(model.name)
+        model_cls = self.model_class
         namer = Namer(set(self.consts.values()) | {"T", "B", "layer"})
         self_attr: dict[str, str] = {}
         params = []
@@ -1223,7 +1272,15 @@ class Generator:
             self_attr[p.name] = f"self.{attr}"
             self.param_types[f"self.{attr}"] = p
             params.append(self._param_view(p, attr, self.consts))
+        calls = [e for item in model.body for e in
+                 (item.body if isinstance(item, ir.Loop) else [item]) if e.op == "call"]
+        check_distinct([(f"parameter {p.name}", ident(p.name)) for p in model.params]
+                       + [(f"module use {e.attrs['instance']}", ident(e.attrs["instance"]))
+                          for e in calls]
+                       + [("the layers", "layers")], f"model `{model.name}`")
         body = Body(self, msym, "device", namer, self_attr, self.spec.path)
+        if model.params:
+            body.real_dtype = f"self.{ident(model.params[0].name)}.dtype"
         args = []
         for v in model.inputs:
             lo = v.type.lo if v.type.dtype == "int" else None
@@ -1246,7 +1303,7 @@ class Generator:
         outputs = [o.name for o in model.outputs]
         softmax_out = len(outputs) == 1 and body.vals[outputs[0]].producer is not None and \
             self.is_builtin(body.vals[outputs[0]].producer, "Softmax")
-        head = self._prologue(model)
+        head = self._prologue(model, {v.name: body.vals[v.name].expr for v in model.inputs})
         if softmax_out:
             producer = body.vals[outputs[0]].producer
             logits_name = producer.ins[0].name
@@ -1270,22 +1327,22 @@ class Generator:
         view.logits_of = model.outputs[0].name if softmax_out else None  # type: ignore
         return self._render(view, layer_classes)
 
-    def _prologue(self, model: ir.Model) -> list[Line]:
+    def _prologue(self, model: ir.Model, names: dict[str, str]) -> list[Line]:
+        """The sequence length of this call, checked against the spec's maximum."""
         lines = []
         for v in model.inputs:
             for k, d in enumerate(v.type.shape):
                 if isinstance(d, Poly) and d.symbols() & self.dynamic and len(d.terms) == 1:
                     s = next(iter(d.symbols()))
-                    lines.append(Line(f"T = {ident(v.name)}.shape[{k + 1}]",
-                                      "this call's sequence length"))
+                    x = names[v.name]
+                    lines.append(Line(f"T = {x}.shape[{k + 1}]", "this call's sequence length"))
                     lines.append(Line(f"assert T <= {self.consts[s]}, "
                                       f"f\"sequence of {{T}} tokens; the model takes at most "
                                       f"{{{self.consts[s]}}}\""))
-                    lines.append(Line(f"device = {ident(v.name)}.device"))
+                    lines.append(Line(f"device = {x}.device"))
                     return lines
-        first = model.inputs[0].name if model.inputs else None
-        if first:
-            lines.append(Line(f"device = {ident(first)}.device"))
+        if model.inputs:
+            lines.append(Line(f"device = {names[model.inputs[0].name]}.device"))
         return lines
 
     def _model_doc(self) -> list[str]:
@@ -1294,13 +1351,15 @@ class Generator:
         for k in range(span.line, (span.end_line or span.line) + 1):
             text = self.sources.line(span.file, k)
             if text is not None:
-                out.append(text.rstrip().replace("\\", "\\\\").replace('"""', "'''"))
+                out.extend(doc_lines(safe_doc(text)))
         return out
 
     def _layers(self, loop: ir.Loop, model_cls: str, outer: list[Eqn], model_subs,
                 layer_classes, msym) -> list[Eqn]:
         index = len(self.loops)
         cls = f"{model_cls}Layer" + (str(index + 1) if index else "")
+        while cls in set(self.consts.values()) | {c.name for c in self.classes} | RESERVED:
+            cls += "_"
         attr = "layers" if index == 0 else f"layers{index + 1}"
         hoisted = self._invariant(loop)
         hoisted_ids = {id(e) for e in hoisted}
@@ -1453,7 +1512,7 @@ class Generator:
             imports.append("from torch.nn.functional import scaled_dot_product_attention as sdpa")
         return template.render(
             imports="\n".join(imports),
-            spec=Path(self.spec.path).name, model=model_view, layers=layer_classes,
+            spec=safe_name(self.spec.path), model=model_view, layers=layer_classes,
             modules=modules, hypers=hypers, preset=self.preset,
             uses_causal=self.uses_causal, uses_take=self.uses_take)
 

@@ -10,8 +10,23 @@ import unicodedata
 # names the generated file itself uses; a spec name equal to one is suffixed
 RESERVED = {
     "torch", "nn", "math", "self", "B", "T", "build", "sdpa", "layer_norm", "gelu",
-    "embedding", "CausalMask", "causal", "MODEL", "PRESET", "SPEC",
+    "embedding", "CAUSAL", "causal_mask", "mask_tensor", "take", "device", "dtype", "layer",
+    "l", "logits",
 } | set(keyword.kwlist) | set(keyword.softkwlist) | set(dir(builtins))
+
+# attributes every nn.Module has: a parameter or submodule of that name would shadow them
+MODULE_ATTRIBUTES = {
+    "training", "forward", "logits", "half", "float", "double", "bfloat16", "to", "cuda", "cpu",
+    "xpu", "ipu", "mtia", "eval", "train", "parameters", "named_parameters", "buffers",
+    "named_buffers", "children", "named_children", "modules", "named_modules", "state_dict",
+    "load_state_dict", "apply", "register_buffer", "register_parameter", "register_module",
+    "add_module", "get_submodule", "get_parameter", "get_buffer", "zero_grad",
+    "requires_grad_", "share_memory", "type", "extra_repr", "reset_parameters",
+    "call_super_init", "dump_patches", "compile", "to_empty", "set_extra_state",
+    "get_extra_state", "register_forward_hook", "register_forward_pre_hook",
+    "register_backward_hook", "register_full_backward_hook", "l",
+}
+RESERVED |= MODULE_ATTRIBUTES
 
 
 def ident(name: str) -> str:
