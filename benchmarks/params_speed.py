@@ -14,7 +14,6 @@ import argparse
 import json
 import os
 import platform
-import re
 import statistics
 import subprocess
 import sys
@@ -92,13 +91,8 @@ def main() -> None:
     ])
     print(table)
     if args.write_readme:
-        text = README.read_text()
-        block = f"<!-- {MARK} -->\n{table}\n<!-- /{MARK} -->"
-        pattern = re.compile(rf"<!-- {MARK} -->.*?<!-- /{MARK} -->", re.S)
-        if not pattern.search(text):
-            raise SystemExit(f"README.md has no <!-- {MARK} --> block")
-        README.write_text(pattern.sub(lambda _: block, text))
-
+        from readme import write_block
+        write_block(MARK, table)
 
 if __name__ == "__main__":
     main()

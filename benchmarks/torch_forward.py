@@ -13,7 +13,6 @@ import argparse
 import importlib.util
 import os
 import platform
-import re
 import statistics
 import sys
 import tempfile
@@ -89,14 +88,8 @@ def main() -> None:
     table = "\n".join(lines)
     print(table)
     if args.write_readme:
-        readme = ROOT / "README.md"
-        text = readme.read_text()
-        block = f"<!-- {MARK} -->\n{table}\n<!-- /{MARK} -->"
-        pattern = re.compile(rf"<!-- {MARK} -->.*?<!-- /{MARK} -->", re.S)
-        if not pattern.search(text):
-            raise SystemExit(f"README.md has no <!-- {MARK} --> block")
-        readme.write_text(pattern.sub(lambda _: block, text))
-
+        from readme import write_block
+        write_block(MARK, table)
 
 if __name__ == "__main__":
     main()

@@ -534,6 +534,17 @@ class _Body:
         self.scope.values[name] = ref
         return ref
 
+    def several(self, eq: S.Equation) -> list[Ref]:
+        """`a, b = M(...)`: the values of a module call with as many results as names."""
+        if not isinstance(eq.rhs, S.Call):
+            raise FgcError("several names on the left need a module call returning as many "
+                           "values", eq.span)
+        refs = self.call(eq.rhs)
+        if len(refs) != len(eq.lhs):
+            raise FgcError(f"`{eq.rhs.func}` returns {len(refs)} values but {len(eq.lhs)} "
+                           "names are given", eq.span)
+        return refs
+
     def where_eq(self, w: S.WhereEq) -> None:
         if w.name in self.scope.values or w.name in self.scope.families:
             raise FgcError(f"`{w.name}` is defined twice", w.span, "choose another name")
@@ -1417,15 +1428,10 @@ class _ModuleElaborator(_Body):
         for w in eq.where:
             self.where_eq(w)
         if len(eq.lhs) != 1:
-            if not isinstance(eq.rhs, S.Call) or not all(isinstance(x, S.LhsName)
-                                                         for x in eq.lhs):
-                raise FgcError("several names on the left need a module call returning as "
-                               "many values", eq.span)
-            refs = self.call(eq.rhs)
-            if len(refs) != len(eq.lhs):
-                raise FgcError(f"`{eq.rhs.func}` returns {len(refs)} values but "
-                               f"{len(eq.lhs)} names are given", eq.span)
-            for x, ref in zip(eq.lhs, refs):
+            if not all(isinstance(x, S.LhsName) for x in eq.lhs):
+                raise FgcError("inside a module, the names on the left are plain names",
+                               eq.span)
+            for x, ref in zip(eq.lhs, self.several(eq)):
                 self.bind(x.name, ref, x.span)
             return
         lhs = eq.lhs[0]
@@ -1654,14 +1660,7 @@ class ModelElaborator(_Body):
         for w in eq.where:
             self.where_eq(w)
         if len(eq.lhs) > 1:
-            if not isinstance(eq.rhs, S.Call):
-                raise FgcError("several names on the left need a module call returning as "
-                               "many values", eq.span)
-            refs = self.call(eq.rhs)
-            if len(refs) != len(eq.lhs):
-                raise FgcError(f"`{eq.rhs.func}` returns {len(refs)} values but "
-                               f"{len(eq.lhs)} names are given", eq.span)
-            for lhs, ref in zip(eq.lhs, refs):
+            for lhs, ref in zip(eq.lhs, self.several(eq)):
                 self._define(lhs, ref, eq)
             return
         lhs = eq.lhs[0]

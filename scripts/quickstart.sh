@@ -1,8 +1,18 @@
 #!/usr/bin/env bash
-# Set up fgc in .venv and run the main job on a shipped spec: check, then count.
+# Set up fgc in .venv and run the main job on shipped specs: check, count, compile.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/fgc check specs/
 .venv/bin/fgc params specs/formal/gpt.fgpt --by-module
 .venv/bin/fgc params specs/formal/gpt3.fgpt --preset 175b
+.venv/bin/fgc compile specs/gpt2.fgpt --target torch --preset small -o out/gpt2
+.venv/bin/python -c "
+import importlib.util, torch
+spec = importlib.util.spec_from_file_location('gpt2', 'out/gpt2/model.py')
+m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)
+model = m.build()
+probs = model(torch.randint(0, m.V, (1, 8)))
+print('out/gpt2/model.py:', sum(p.numel() for p in model.parameters()), 'parameters;',
+      'probabilities', tuple(probs.shape))
+"
