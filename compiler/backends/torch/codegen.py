@@ -286,8 +286,7 @@ class ClassView:
 
 
 class _Val:
-    __slots__ = ("expr", "layout", "type", "raw_lo", "producer", "named", "line_name",
-                 "stored")
+    __slots__ = ("expr", "layout", "type", "raw_lo", "producer", "named", "stored")
 
     def __init__(self, expr, layout, type_, raw_lo=None, producer=None, named=False):
         self.expr = expr
@@ -296,7 +295,6 @@ class _Val:
         self.raw_lo = raw_lo  # ints held 0-based: the math value is expr + raw_lo
         self.producer = producer
         self.named = named
-        self.line_name = None
         self.stored = None
 
 
@@ -323,7 +321,6 @@ class Body:
     def define_input(self, name: str, t: TensorType, layout: Layout, raw_lo=None) -> str:
         py = self.namer(name)
         self.vals[name] = _Val(py, layout, t, raw_lo=raw_lo, named=True)
-        self.vals[name].line_name = py
         return py
 
     def operand(self, o: Operand, for_eqn: Eqn) -> _Val:
@@ -402,8 +399,6 @@ class Body:
         if e.op == "layers":
             exprs = [f"__layers__{e.attrs['index']}"] * len(e.outs)
             layouts = [Layout(True, False, _rank(o.type)) for o in e.outs]
-            for _k, _o in enumerate(e.ins):
-                self.deps.setdefault("__layers_in__", [])
         elif e.op == "call":
             exprs = self.gen.lower_call(self, e, ins)
             layouts = [Layout(lead or any(v.layout.lead for v in ins), fam_out or
