@@ -52,10 +52,6 @@ class FgcError(Exception):
         return err
 
 
-class UsageError(Exception):
-    """A problem with how fgc was invoked (exit code 2)."""
-
-
 class Sources:
     """Source texts by file name, for quoting lines under a diagnostic."""
 

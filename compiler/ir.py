@@ -71,9 +71,6 @@ class TensorType(_Base):
     def with_shape(self, shape: tuple) -> TensorType:
         return self.model_copy(update={"shape": tuple(shape)})
 
-    def rank_known(self) -> bool:
-        return not any(isinstance(d, Ell) for d in self.shape)
-
     def __str__(self) -> str:
         return format_type(self)
 
@@ -193,36 +190,12 @@ class Loop(_Base):
     span: Span | None = None
 
 
-class Expectation(_Base):
-    op: Literal["==", "~"]
-    value: Any  # Poly
-    text: str
-    span: Span | None = None
-    preset: str | None = None
-
-
-class Preset(_Base):
-    name: str
-    values: dict[str, Any]
-    texts: dict[str, str] = Field(default_factory=dict)
-    spans: dict[str, Span] = Field(default_factory=dict)
-    span: Span | None = None
-
-
 class Model(_Base):
     name: str
     hypers: list[Hyper] = Field(default_factory=list)
-    presets: list[Preset] = Field(default_factory=list)
     inputs: list[Value]
     params: list[Param]
     body: list[Eqn | Loop]  # equations before the layers are the embedding
     outputs: list[Value]
-    expectations: list[Expectation] = Field(default_factory=list)
     param_uses: dict[str, list[str]] = Field(default_factory=dict)  # param -> sections
     span: Span | None = None
-
-
-class Program(_Base):
-    file: str
-    functions: dict[str, Function]
-    models: list[Model]

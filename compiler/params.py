@@ -14,7 +14,7 @@ from fractions import Fraction
 from . import ir
 from .ir import Eqn
 from .shapes import guard_holds
-from .symbolic import Atom, Poly, format_poly
+from .symbolic import Poly, format_poly
 
 
 @dataclass
@@ -41,10 +41,6 @@ class Entry:
     @property
     def total(self) -> Poly:
         return self.per_use * self.copies
-
-    @property
-    def qualified(self) -> str:
-        return ".".join(self.path + (self.name,))
 
 
 @dataclass
@@ -205,4 +201,4 @@ def as_int(p: Poly) -> int:
     return v.numerator
 
 
-__all__ = ["Count", "Entry", "count", "formula", "per_module", "as_int", "Atom"]
+__all__ = ["Count", "Entry", "count", "formula", "per_module", "as_int"]

@@ -224,6 +224,11 @@ class Spec:
 
     def size_symbols(self) -> set[str]:
         """Hyperparameters that size something: they must be positive whole numbers."""
+        if getattr(self, "_sizes", None) is None:
+            self._sizes = self._size_symbols()
+        return self._sizes
+
+    def _size_symbols(self) -> set[str]:
         cfg = self.symbolic()
         out: set[str] = set()
 

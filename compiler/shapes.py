@@ -232,7 +232,6 @@ class Elaborator:
         self.diagnostics: list[Diagnostic] = []
         self.warnings: list[Diagnostic] = []
         self._counter = 0
-        self._module_has_params: dict[str, bool] = {}
 
     # ------------------------------------------------------------ bookkeeping
     def _fresh(self) -> str:
@@ -398,17 +397,6 @@ class Elaborator:
     def _checking_builtin(self) -> bool:
         return bool(self._checking) and self.modules[self._checking[-1]].span.file.endswith(
             "stdlib.fgpt")
-
-    def has_params(self, name: str) -> bool:
-        if name not in self._module_has_params:
-            fn = self.functions.get(name)
-            if fn is None:
-                return False
-            own = bool(fn.params)
-            nested = any(self.has_params(e.attrs["module"]) for e in _walk(fn.eqns)
-                         if e.op == "call")
-            self._module_has_params[name] = own or nested
-        return self._module_has_params[name]
 
 
 def _walk(items: list) -> Iterable[Eqn]:
@@ -1764,11 +1752,6 @@ class ModelElaborator(_Body):
         return ir_loop
 
 
-def _default_names(body: list) -> list[str]:
-    return [e.attrs.get("instance") for e in _walk(body) if e.op == "call"
-            and e.attrs.get("instance")]
-
-
 def _name_instances(body: list, top: Elaborator) -> None:
     """Name each module use: its label, else the module's name, numbered when it recurs
     (the seed's θ_LN,1, θ_LN,2, θ_LN,3)."""
@@ -1796,7 +1779,3 @@ def _name_instances(body: list, top: Elaborator) -> None:
             while f"{mod}_{seen[mod]}" in written:
                 seen[mod] += 1
             e.attrs["instance"] = f"{mod}_{seen[mod]}"
-
-
-def name_function_instances(fn: ir.Function, top: Elaborator) -> None:
-    _name_instances(fn.eqns, top)

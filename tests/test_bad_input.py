@@ -211,34 +211,19 @@ def test_utf8_byte_order_mark(tmp_path):
 # ---------------------------------------------------------------- names
 
 
-def test_unknown_name_suggests_the_close_one(tmp_path):
-    p = write(tmp_path, BASE.replace("OneHot(x) @ W_e", "OneHot(x) @ W_ee"))
+@pytest.mark.parametrize("old,new,line,quoted,suggested", [
+    ("OneHot(x) @ W_e", "OneHot(x) @ W_ee", 5, "W_ee", "W_e"),
+    ("param W_e: R[V, H]", "param W_e: R[V, Hh]", 4, None, "H"),
+    ("output y = H^(L)", "output y = Softmx(H^(L))", 9, "Softmx", "Softmax"),
+    ("  input x", "  preset p { Hh = 16 }\n  input x", 3, None, "H"),
+], ids=["value", "size", "module", "preset-key"])
+def test_unknown_name_suggests_the_close_one(tmp_path, old, new, line, quoted, suggested):
+    p = write(tmp_path, BASE.replace(old, new))
     r = check(p)
-    errs = assert_rejected(r, p, line=5)
-    assert "W_ee" in errs[0][2]
-    assert "did you mean `W_e`" in r.stderr
-
-
-def test_unknown_size_name_suggests_the_close_one(tmp_path):
-    p = write(tmp_path, BASE.replace("param W_e: R[V, H]", "param W_e: R[V, Hh]"))
-    r = check(p)
-    assert_rejected(r, p, line=4)
-    assert "did you mean `H`" in r.stderr
-
-
-def test_unknown_module_suggests_the_close_one(tmp_path):
-    p = write(tmp_path, BASE.replace("output y = H^(L)", "output y = Softmx(H^(L))"))
-    r = check(p)
-    errs = assert_rejected(r, p, line=9)
-    assert "Softmx" in errs[0][2]
-    assert "did you mean `Softmax`" in r.stderr
-
-
-def test_unknown_preset_key_suggests_the_close_one(tmp_path):
-    p = write(tmp_path, BASE.replace("  input x", "  preset p { Hh = 16 }\n  input x"))
-    r = check(p)
-    assert_rejected(r, p, line=3)
-    assert "did you mean `H`" in r.stderr
+    errs = assert_rejected(r, p, line=line)
+    if quoted:
+        assert quoted in errs[0][2]
+    assert f"did you mean `{suggested}`" in r.stderr
 
 
 def test_unknown_name_far_from_everything_is_not_guessed(tmp_path):
