@@ -40,13 +40,36 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--format", choices=["text", "json"], default="text")
     q.add_argument("--by-module", action="store_true", help="break the count down by module")
 
-    k = sub.add_parser("compile", help="emit code: a PyTorch module (model.py)")
+    k = sub.add_parser("compile", help="emit a PyTorch module (model.py) or an ONNX graph "
+                       "(model.onnx)")
     k.add_argument("file", metavar="SPEC")
-    k.add_argument("--target", choices=["torch"], default="torch")
+    k.add_argument("--target", choices=["torch", "onnx"], default="torch")
     _config_args(k)
     k.add_argument("--weights", metavar="W.safetensors",
                    help="a checkpoint in the released model's own tensor names")
     k.add_argument("-o", "--out", metavar="DIR", required=True, help="output folder")
+    k.add_argument("--opset", type=int, metavar="N",
+                   help="onnx: the ONNX opset (18 to 25; default 23, which has Attention)")
+    k.add_argument("--optimize", choices=["none", "ort"],
+                   help="onnx: `ort` emits onnxruntime's fused operators")
+    k.add_argument("--external-data", action="store_true",
+                   help="onnx: weights in model.onnx.data (automatic past 2 GiB)")
+    k.add_argument("--seed", type=int, default=0,
+                   help="onnx: seed of the random weights used without --weights")
+
+    u = sub.add_parser("run", help="run a compiled ONNX model (or a spec) with onnxruntime")
+    u.add_argument("target", metavar="DIR|SPEC")
+    _config_args(u)
+    u.add_argument("--provider", choices=["auto", "tensorrt", "cuda", "cpu"], default="auto")
+    u.add_argument("--tokens", metavar="IDS",
+                   help="0-based token ids for the first input, comma-separated "
+                        "(several sequences: separate them with `;`)")
+    u.add_argument("--input", metavar="NAME=VALUES", action="append", default=[],
+                   help="values for another input, as --tokens (repeatable)")
+    u.add_argument("--weights", metavar="W.safetensors", help="with a SPEC: its checkpoint")
+    u.add_argument("--optimize", choices=["none", "ort"], help="with a SPEC: as for compile")
+    u.add_argument("--top", type=int, default=5, metavar="K",
+                   help="how many of the most likely ids to show (default 5)")
 
     r = sub.add_parser("ir", help="print the elaborated IR")
     r.add_argument("file", metavar="FILE")
@@ -75,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return {"check": cmd_check, "params": cmd_params, "ir": cmd_ir,
-                "compile": cmd_compile}[args.command](args)
+                "compile": cmd_compile, "run": cmd_run}[args.command](args)
     except BrokenPipeError:
         return EXIT_OK
     except KeyboardInterrupt:
@@ -404,7 +427,10 @@ def cmd_compile(args) -> int:
         print(f"fgc: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        result = compile_spec(args.file, args.out, args.target, args.preset, sets, args.weights)
+        result = compile_spec(args.file, args.out, args.target, args.preset, sets, args.weights,
+                              opset=args.opset, optimize=args.optimize,
+                              external_data=args.external_data,
+                              seed=args.seed if args.target == "onnx" else 0)
     except FgcError as e:
         sources = getattr(e, "sources", None)
         if sources is None:
@@ -424,6 +450,66 @@ def cmd_compile(args) -> int:
               f"{', '.join(result.extras[:5])}{' …' if len(result.extras) > 5 else ''}",
               file=sys.stderr)
     return EXIT_OK
+
+
+# ---------------------------------------------------------------- fgc run
+
+
+def cmd_run(args) -> int:
+    import contextlib
+    import io
+    import tempfile
+    from pathlib import Path
+    target = Path(args.target)
+    if target.is_dir():
+        if args.preset or args.set or args.weights or args.optimize:
+            print("fgc: error: --preset, --set, --weights and --optimize apply to a SPEC, not "
+                  "to a compiled folder", file=sys.stderr)
+            return EXIT_USAGE
+        return _run_dir(target, args)
+    if not target.exists():
+        print(f"fgc: {args.target}: no such file or folder", file=sys.stderr)
+        return EXIT_SPEC
+    with tempfile.TemporaryDirectory(prefix="fgc-run-") as tmp:
+        spec_args = argparse.Namespace(
+            file=str(target), out=tmp, target="onnx", preset=args.preset, set=args.set,
+            weights=args.weights, opset=None, optimize=args.optimize, external_data=False,
+            seed=0)
+        with contextlib.redirect_stdout(io.StringIO()):  # "wrote ..." of a temporary folder
+            code = cmd_compile(spec_args)
+        if code != EXIT_OK:
+            return code
+        return _run_dir(Path(tmp), args)
+
+
+def _run_dir(folder, args) -> int:
+    from runtime import RuntimeError_, load
+    try:
+        model = load(folder, provider=args.provider)
+        print(f"provider: {model.provider} ({model.reason})")
+        feeds = model.feeds(args.tokens, dict(_pairs(args.input)))
+        for note in model.notes:
+            print(f"note: {note}")
+        result = model.run(feeds)
+    except RuntimeError_ as e:
+        print(f"fgc: {e}", file=sys.stderr)
+        return EXIT_SPEC
+    except _Usage as e:
+        print(f"fgc: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    for name, value in feeds.items():
+        print(f"input {name}: {value.dtype}{list(value.shape)}")
+    for line in model.describe(result, top=args.top):
+        print(line)
+    return EXIT_OK
+
+
+def _pairs(items: list[str]):
+    for item in items:
+        if "=" not in item:
+            raise _Usage(f"--input takes NAME=VALUES, got `{item}`")
+        k, v = item.split("=", 1)
+        yield k.strip(), v
 
 
 # ---------------------------------------------------------------- fgc ir

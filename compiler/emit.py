@@ -3,6 +3,7 @@
     from compiler.emit import compile_spec
     result = compile_spec("specs/gpt2.fgpt", "out/", target="torch", preset="small",
                           weights="gpt2.safetensors")
+    result = compile_spec("specs/gpt2.fgpt", "out/", target="onnx", optimize="ort")
 
 Files are written to a temporary name in the output folder and renamed into place, so a
 failure never leaves half a file behind.
@@ -11,6 +12,7 @@ failure never leaves half a file behind.
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,8 +66,17 @@ def write_text(path: Path, text: str) -> None:
 
 
 def compile_spec(spec_path: str, out_dir: str, target: str = "torch", preset: str | None = None,
-                 sets: dict | None = None, weights: str | None = None) -> Compiled:
-    """Check a spec, then write the target's files; raises FgcError on any problem."""
+                 sets: dict | None = None, weights: str | None = None, *,
+                 opset: int | None = None, optimize: str | None = None,
+                 external_data: bool = False, seed: int = 0) -> Compiled:
+    """Check a spec, then write the target's files; raises FgcError on any problem.
+
+    torch: `model.py` (+ `weights.safetensors` with `weights`). onnx: `model.onnx` (+
+    `model.onnx.data` past protobuf's 2 GiB or with `external_data`); `opset` (default
+    23), `optimize="ort"` for onnxruntime's fused operators, `seed` for the random
+    initialisation used without `weights`."""
+    if target not in ("torch", "onnx"):
+        raise FgcError(f"unknown target `{target}` (targets: torch, onnx)", None)
     spec = load(spec_path)
     errors, _ = spec.check()
     if errors:
@@ -76,8 +87,11 @@ def compile_spec(spec_path: str, out_dir: str, target: str = "torch", preset: st
         raise FgcError(f"`{spec.model.name}` has no preset `{preset}` (presets: "
                        f"{', '.join(spec.presets()) or 'none'})", None)
     cfg = spec.configure(preset, sets or {})
-    if target != "torch":
-        raise FgcError(f"target `{target}` is not available in this version", None)
+    if target == "onnx":
+        return _compile_onnx(spec, cfg, preset, out_dir, weights, opset, optimize,
+                             external_data, seed)
+    if opset is not None or optimize is not None or external_data:
+        raise FgcError("--opset, --optimize and --external-data are for --target onnx", None)
     from .backends.torch.codegen import Generator, Unsupported
     try:
         source = Generator(spec, spec.symbolic(), cfg.values, spec.sources, preset).generate()
@@ -98,3 +112,90 @@ def compile_spec(spec_path: str, out_dir: str, target: str = "torch", preset: st
         files.append(out / "weights.safetensors")
         result.ignored, result.extras = imported.ignored, imported.extras
     return result
+
+
+def _check_room(total_params: int, out: Path) -> None:
+    """Refuse sizes that cannot be written or held: float32 weights need 4 bytes each."""
+    need = 4 * total_params
+    free = shutil.disk_usage(out).free
+    if need > free:
+        raise FgcError(f"the weights take {_gib(need)} in float32 but {out} has {_gib(free)} "
+                       "free", None, "choose a smaller preset, or --set smaller sizes")
+    try:
+        avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return
+    if need > avail:
+        raise FgcError(f"the weights take {_gib(need)} in float32 but this machine has "
+                       f"{_gib(avail)} of memory available to build them", None,
+                       "choose a smaller preset, or --set smaller sizes")
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:,.1f} GiB"
+
+
+def _compile_onnx(spec, cfg, preset, out_dir, weights, opset, optimize, external_data,
+                  seed) -> Compiled:
+    from .backends.onnx.graph import PROTOBUF_LIMIT
+    from .backends.onnx.lower import DEFAULT_OPSET, Lowerer, Unsupported
+    if optimize not in (None, "none", "ort"):
+        raise FgcError(f"unknown --optimize `{optimize}` (choose ort)", None)
+    out = prepare_output(out_dir)
+    _check_room(cfg.total, out)
+    imported = None
+    if weights is not None:
+        from .weights import import_checkpoint, onnx_key
+        imported = import_checkpoint(cfg, spec.model.checkpoint, weights, key=onnx_key)
+    external = external_data or 4 * cfg.total > PROTOBUF_LIMIT - 2**26  # room for the graph
+    try:
+        lw = Lowerer(spec, spec.symbolic(), cfg.values, opset=opset or DEFAULT_OPSET,
+                     optimize=None if optimize == "none" else optimize,
+                     weights=imported.tensors if imported else None, seed=seed,
+                     preset=preset)
+        model, blobs = lw.lower(DATA_FILE if external else None)
+    except Unsupported as e:
+        raise FgcError(f"the ONNX backend cannot lower this spec: {e}", spec.model.span) \
+            from None
+    files = write_onnx(model, blobs if external else None, out)
+    result = Compiled(out, files, total=cfg.total)
+    if imported is not None:
+        result.ignored, result.extras = imported.ignored, imported.extras
+    return result
+
+
+DATA_FILE = "model.onnx.data"
+
+
+def write_onnx(model, blobs: list | None, out: Path) -> list[Path]:
+    """model.onnx (and model.onnx.data) written in a temporary folder inside `out`, then
+    renamed into place; a stale data file from an earlier compile is removed."""
+    tmp = Path(tempfile.mkdtemp(dir=out, prefix=".fgc-"))
+    try:
+        files = []
+        with open(tmp / "model.onnx", "wb") as f:
+            f.write(model.SerializeToString())
+        files.append("model.onnx")
+        if blobs is not None:
+            with open(tmp / DATA_FILE, "wb") as f:
+                pos = 0
+                for offset, arr in blobs:
+                    if offset > pos:
+                        f.write(b"\0" * (offset - pos))
+                    f.write(memoryview(np_contiguous(arr)).cast("B"))
+                    pos = offset + arr.nbytes
+            files.append(DATA_FILE)
+        for name in files:
+            readable(str(tmp / name))
+        for name in reversed(files):  # the data file first: model.onnx never points nowhere
+            os.replace(tmp / name, out / name)
+        if blobs is None and (out / DATA_FILE).is_file():
+            (out / DATA_FILE).unlink()
+        return [out / name for name in files]
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def np_contiguous(arr):
+    import numpy as np
+    return np.ascontiguousarray(arr)

@@ -56,6 +56,21 @@ def state_key(entry: Entry, layer: int | None, loop_attr: str = "layers") -> str
     return ".".join(parts)
 
 
+def onnx_key(entry: Entry, layer: int | None) -> str:
+    """The ONNX graph's initializer name for one parameter tensor: its path, `layer3/attn/W_Q`
+    (layers counted from 1, as in the spec)."""
+    parts = [ident(p) for p in entry.path] + [ident(entry.name)]
+    if layer is not None and not entry.shared:
+        parts = [f"layer{layer}"] + parts
+    return "/".join(parts)
+
+
+def parameter_keys(cfg) -> list[tuple[str, str]]:
+    """Every parameter tensor of a configuration as (torch state-dict name, ONNX name)."""
+    return [(state_key(entry, layer), onnx_key(entry, layer))
+            for entry in cfg.count.entries for layer in _layers_of(entry, cfg)]
+
+
 def _layers_of(entry: Entry, cfg) -> list[int | None]:
     if not entry.in_layers or entry.shared:
         return [None]
@@ -110,9 +125,11 @@ def _apply(step: S.CkptStep, x: np.ndarray, family: int | None, source: str) -> 
                    "steps are transpose, split(axis, parts, index) and heads(axis)")
 
 
-def import_checkpoint(cfg, checkpoint: S.Checkpoint | None, path: str) -> Imported:
-    """Map a checkpoint file onto one configuration's parameters; raises FgcError naming
-    every missing or mis-shaped tensor."""
+def import_checkpoint(cfg, checkpoint: S.Checkpoint | None, path: str,
+                      key=state_key) -> Imported:
+    """Map a checkpoint file onto one configuration's parameters, named by `key` (the torch
+    module's names, or `onnx_key`); raises FgcError naming every missing or mis-shaped
+    tensor. Without a checkpoint block the file holds the torch module's own names."""
     raw = read_safetensors(path)
     out = Imported({})
     errors: list[Diagnostic] = []
@@ -138,9 +155,9 @@ def import_checkpoint(cfg, checkpoint: S.Checkpoint | None, path: str) -> Import
         family = as_int(entry.family) if entry.family is not None else None
         spec_name = ".".join(entry.path + (entry.name,))
         for layer in _layers_of(entry, cfg):
-            target = state_key(entry, layer)
+            target = key(entry, layer)
             if checkpoint is None:
-                source = target
+                source = state_key(entry, layer)
                 steps: list[S.CkptStep] = []
                 span = None
             else:

@@ -1,1 +1,9 @@
-"""Runtime: loads and runs what fgc emitted; never imports `compiler`."""
+"""Runtime: loads and runs what fgc emitted; never imports `compiler`.
+
+`load(folder, provider="auto")` makes an onnxruntime session for `folder/model.onnx`,
+preferring TensorRT/CUDA when a GPU is usable and saying which provider runs and why.
+"""
+
+from .session import Model, RuntimeError_, choose_providers, cuda_device, load
+
+__all__ = ["Model", "RuntimeError_", "choose_providers", "cuda_device", "load"]

@@ -120,6 +120,17 @@ def family_layout(dims: list, family):
     return [family] + dims
 
 
+def init_kind(name: str) -> str:
+    """How a parameter starts when no weights are given, read off its name: LayerNorm gains
+    (gamma, g) are ones, biases (b..., beta) zeros, everything else N(0, 0.02²)."""
+    base = name.split("^")[0]
+    if base in ("gamma", "g") or name.startswith("gamma"):
+        return "ones"
+    if base.startswith("b") or base == "beta":
+        return "zeros"
+    return "normal"
+
+
 @dataclass(frozen=True)
 class Layout:
     lead: bool  # leading axes before the spec's own: the batch, a caller's family axes
@@ -907,6 +918,7 @@ class Generator:
         self.class_of: dict[str, str] = {}
         self.uses_causal = False
         self.uses_take = False
+        self.uses_per_member = False
 
     # -- helpers for lowering
     def is_builtin(self, e: Eqn, name: str) -> bool:
@@ -1091,13 +1103,7 @@ class Generator:
             dims = family_layout(dims, p.type.family)
         shape = "(" + ", ".join(py_poly(d, sym) for d in dims) + ("," if len(dims) == 1 else "") \
             + ")"
-        base = p.name.split("^")[0]
-        if base in ("gamma", "g") or p.name.startswith("gamma"):
-            init = "ones"
-        elif base.startswith("b") or base == "beta":
-            init = "zeros"
-        else:
-            init = "normal"
+        init = init_kind(p.name)
         plain = _Names()
         what = f"{p.declared}: R[{', '.join(py_poly(d, plain) for d in p.type.shape)}]"
         if p.type.family is not None:
@@ -1143,6 +1149,16 @@ class Generator:
                 expr = self.maybe_mask(b, v, v.type)
             if v.raw_lo is not None:
                 expr = _math(b, v)  # integers cross into modules as their 1-based values
+            if e.family is not None and v.layout.lead and not v.layout.fam and \
+                    v.layout.rank is not None:
+                # a per-batch value into a per-member call: a unit axis where the members'
+                # axis is, so the batch does not broadcast against the members
+                if not self.needs_tensor(fn.name, inp.name):  # may be CAUSAL or None
+                    self.uses_per_member = True
+                    expr = f"per_member({expr}, {v.layout.rank})"
+                else:
+                    expr = _unsq(expr if _atomic(expr) else f"({expr})", 1,
+                                 -v.layout.rank - 1)
             if inp.type.dtype == "real" and v.type.dtype != "real" and "{{" in expr:
                 # an integer argument where the module takes reals
                 dt = b.real_dtype
@@ -1509,7 +1525,8 @@ class Generator:
             imports="\n".join(imports),
             spec=safe_name(self.spec.path), model=model_view, layers=layer_classes,
             modules=modules, hypers=hypers, preset=self.preset,
-            uses_causal=self.uses_causal, uses_take=self.uses_take)
+            uses_causal=self.uses_causal, uses_take=self.uses_take,
+            uses_per_member=self.uses_per_member)
 
 
 def generate(spec, preset: str | None = None, sets: dict | None = None) -> str:

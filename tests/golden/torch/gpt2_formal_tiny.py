@@ -39,6 +39,12 @@ def mask_tensor(mask, rows, cols, device=None):
     return mask
 
 
+def per_member(x, rank):
+    """A value every member of a family shares (a mask per sequence): a unit axis where the
+    members' axis is, so the batch does not broadcast against the members."""
+    return x.unsqueeze(-rank - 1) if isinstance(x, torch.Tensor) else x
+
+
 def take(base, rank, member, *index):
     """base[..., i_1, ..., i_rank] with 0-based index tensors, one per trailing axis of base,
     shaped like a result with `member` own dimensions; the leading axes of base and of the
@@ -131,7 +137,7 @@ class MH(nn.Module):
             (X @ self.W_Q.flatten(-2)).unflatten(-1, (self.A, -1)).movedim(-2, -3),
             (X @ self.W_K.flatten(-2)).unflatten(-1, (self.A, -1)).movedim(-2, -3),
             (X @ self.W_V.flatten(-2)).unflatten(-1, (self.A, -1)).movedim(-2, -3),
-            Mask,
+            per_member(Mask, 2),
         )
         return head.movedim(-3, -2).flatten(-2) @ self.W_O
 

@@ -1,0 +1,1 @@
+"""The ONNX backend: the IR lowered straight to an ONNX graph (see lower.py)."""

@@ -1,0 +1,175 @@
+"""A small builder for ONNX graphs: nodes with readable names and spec-line doc strings,
+initializers, constants, and the model around them.
+
+Names are paths: `layer3/attn/W_Q` for an initializer, `layer3/attn/head` for the value a
+node computes. Every name is made unique once, in the order the lowering asks for it, so
+the same spec always gives the same graph, byte for byte.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+DTYPES = {"real": TensorProto.FLOAT, "int": TensorProto.INT64, "bool": TensorProto.BOOL}
+NP = {"real": np.float32, "int": np.int64, "bool": np.bool_}
+ORT_DOMAIN = "com.microsoft"
+EXTERNAL_MIN = 1024  # smaller initializers stay inside the .onnx file
+ALIGN = 4096  # external tensors start on page boundaries, so onnxruntime can map them
+PROTOBUF_LIMIT = 2**31 - 1  # one serialized protobuf message
+
+
+@dataclass
+class Node:
+    op: str
+    inputs: list[str]
+    outputs: list[str]
+    name: str
+    doc: str = ""
+    domain: str = ""
+    attrs: dict = field(default_factory=dict)
+
+
+class Graph:
+    def __init__(self) -> None:
+        self.nodes: list[Node | None] = []  # None: a node a fusion replaced
+        self.initializers: dict[str, np.ndarray] = {}
+        self.init_doc: dict[str, str] = {}
+        self.value_info: dict[str, tuple[int, list]] = {}  # name -> (elem type, dims)
+        self.taken: set[str] = set()
+        self.consts: dict[tuple, str] = {}
+        self.producer: dict[str, int] = {}  # tensor -> index of the node making it
+        self.domains: set[str] = set()
+        self.doc = ""  # doc string for nodes added now (the spec line being lowered)
+
+    # -- names
+    def fresh(self, base: str) -> str:
+        base = base.strip("/") or "v"
+        name, k = base, 2
+        while name in self.taken:
+            name = f"{base}_{k}"
+            k += 1
+        self.taken.add(name)
+        return name
+
+    # -- nodes
+    def node(self, op: str, inputs: list[str], name: str, n_out: int = 1, domain: str = "",
+             exact: bool = False, **attrs) -> list[str]:
+        """Add a node named `name` (made unique unless `exact`: a graph output's name,
+        reserved up front); returns its output tensor names."""
+        node_name = name if exact else self.fresh(name)
+        outs = [node_name] if n_out == 1 else [f"{node_name}:{k}" for k in range(n_out)]
+        for o in outs:
+            self.taken.add(o)
+            self.producer[o] = len(self.nodes)
+        if domain:
+            self.domains.add(domain)
+        self.nodes.append(Node(op, list(inputs), outs, node_name, self.doc, domain,
+                               {k: v for k, v in attrs.items() if v is not None}))
+        return outs
+
+    def op(self, op: str, inputs: list[str], name: str, domain: str = "", **attrs) -> str:
+        return self.node(op, inputs, name, 1, domain, **attrs)[0]
+
+    def producer_of(self, tensor: str) -> Node | None:
+        k = self.producer.get(tensor)
+        return self.nodes[k] if k is not None else None
+
+    def replace(self, tensor: str, node: Node) -> None:
+        """Put `node` where the producer of `tensor` was (it must compute `tensor` too)."""
+        k = self.producer[tensor]
+        self.nodes[k] = node
+        for o in node.outputs:
+            if o:
+                self.producer[o] = k
+        if node.domain:
+            self.domains.add(node.domain)
+
+    # -- initializers and constants
+    def initializer(self, name: str, array: np.ndarray, doc: str = "") -> str:
+        name = self.fresh(name)
+        self.initializers[name] = array
+        if doc:
+            self.init_doc[name] = doc
+        return name
+
+    def const(self, value, dtype: str, shape: tuple = ()) -> str:
+        """A small constant, shared by every use of the same value."""
+        arr = np.full(shape, value, dtype=NP[dtype]) if np.isscalar(value) else \
+            np.asarray(value, dtype=NP[dtype]).reshape(shape)
+        key = (dtype, arr.shape, arr.tobytes())
+        if key not in self.consts:
+            text = repr(value) if np.isscalar(value) else "x".join(map(str, arr.shape))
+            self.consts[key] = self.initializer(f"const/{dtype}/{text}", arr)
+        return self.consts[key]
+
+    def ints(self, values: list[int]) -> str:
+        return self.const(list(values), "int", (len(values),))
+
+    def info(self, tensor: str, dtype: str, dims: list) -> None:
+        self.value_info[tensor] = (DTYPES[dtype], list(dims))
+
+    # -- the model
+    def model(self, inputs: list[tuple[str, str, list]], outputs: list[tuple[str, str, list]],
+              opset: int, name: str, doc: str, metadata: dict[str, str],
+              external: str | None = None) -> tuple[onnx.ModelProto, list]:
+        """The ModelProto, and with `external` (a file name) the initializers' bytes that go
+        to that file instead: [(offset, array)]; the proto then only points at them."""
+        nodes = [n for n in self.nodes if n is not None]
+        used = {i for n in nodes for i in n.inputs}
+        protos = []
+        for n in nodes:
+            p = helper.make_node(n.op, n.inputs, n.outputs, name=n.name, domain=n.domain or None,
+                                 **n.attrs)
+            if n.doc:
+                p.doc_string = n.doc
+            protos.append(p)
+        inits = []
+        blobs: list[tuple[int, np.ndarray]] = []
+        offset = 0
+        for k, arr in self.initializers.items():
+            if k not in used:
+                continue
+            if external and arr.nbytes >= EXTERNAL_MIN:
+                t = TensorProto(name=k, dims=arr.shape,
+                                data_type=helper.np_dtype_to_tensor_dtype(arr.dtype))
+                offset = -(-offset // ALIGN) * ALIGN
+                t.data_location = TensorProto.EXTERNAL
+                for key, value in (("location", external), ("offset", str(offset)),
+                                   ("length", str(arr.nbytes))):
+                    entry = t.external_data.add()
+                    entry.key, entry.value = key, value
+                blobs.append((offset, arr))
+                offset += arr.nbytes
+            else:
+                t = numpy_helper.from_array(arr, k)
+            if k in self.init_doc:
+                t.doc_string = self.init_doc[k]
+            inits.append(t)
+        graph_inputs = [helper.make_tensor_value_info(n, DTYPES[d], dims)
+                        for n, d, dims in inputs]
+        graph_outputs = [helper.make_tensor_value_info(n, DTYPES[d], dims)
+                         for n, d, dims in outputs]
+        io = {n for n, _, _ in inputs} | {n for n, _, _ in outputs}
+        produced = {o for n in nodes for o in n.outputs}
+        infos = [helper.make_tensor_value_info(k, t, dims) for k, (t, dims) in
+                 self.value_info.items() if k in produced and k not in io]
+        graph = helper.make_graph(protos, name, graph_inputs, graph_outputs, inits,
+                                  doc_string=doc, value_info=infos)
+        opsets = [helper.make_opsetid("", opset)]
+        if ORT_DOMAIN in self.domains:
+            opsets.append(helper.make_opsetid(ORT_DOMAIN, 1))
+        model = helper.make_model(graph, opset_imports=opsets, producer_name="fgc",
+                                  ir_version=ir_version(opset))
+        for k, v in sorted(metadata.items()):
+            entry = model.metadata_props.add()
+            entry.key, entry.value = k, v
+        return model, blobs
+
+
+def ir_version(opset: int) -> int:
+    """The oldest IR version that carries this opset: what onnxruntime reads most widely."""
+    return helper.find_min_ir_version_for([helper.make_opsetid("", opset)], True)

@@ -1,0 +1,1259 @@
+"""Lowering the checked IR straight to an ONNX graph (no tracing through torch).
+
+Every module use is inlined and the layer loop unrolled, so each layer's parameters are
+initializers named by their path (`layer3/attn/W_Q`) and each node carries the spec line
+it computes. Values carry *roles*: the leading axes a value has beyond the spec's own
+dimensions — the batch, and one axis per indexed family it belongs to (the heads). Two
+values meet by aligning roles (an Unsqueeze where one lacks an axis), then by numpy
+broadcasting on their own dimensions, as the spec's shapes say.
+
+Sizes are exact: every hyperparameter is a number except the sequence length, which is
+read from the input's shape at run time (`T`), so batch and sequence axes stay dynamic.
+
+Standard ONNX first: LayerNormalization, Gelu (opset 20), the Attention op (opset 23, with
+`is_causal` for Mask^AR) and one GEMM for all heads of a projection. With
+`optimize="ort"` the same decisions emit onnxruntime's fused operators instead
+(Attention/MultiHeadAttention, SkipLayerNormalization, FastGelu for the tanh GELU and
+BiasGelu only for the erf one), chosen here from the IR, never by matching patterns in a
+finished graph.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, replace
+from fractions import Fraction
+
+import numpy as np
+
+from ... import ir
+from ...ir import Ell, Eqn, Operand
+from ...shapes import guard_holds
+from ...symbolic import Poly, format_poly
+from ..torch.codegen import family_layout, init_kind
+from ..torch.names import ident
+from .graph import ORT_DOMAIN, Graph, Node
+
+DEFAULT_OPSET = 23
+MIN_OPSET = 18
+MAX_OPSET = 25
+
+
+class Unsupported(Exception):
+    """A construct the ONNX backend does not lower; carries a user-facing message."""
+
+
+@dataclass(eq=False)
+class Role:
+    """A leading axis: the batch, or the members of one indexed family."""
+
+    order: int  # roles sort by nesting: the batch first, outer families before inner
+    size: Poly
+    label: str
+
+
+@dataclass(eq=False)
+class V:
+    """A lowered value. `name` is the tensor in canonical layout (roles, then own dims);
+    a family value may instead (or also) exist `packed`: its family axis merged into the
+    last own axis, as Concat(head_1, ..., head_A) lays it out."""
+
+    dtype: str  # real | int | bool
+    roles: tuple[Role, ...]
+    own: tuple[Poly, ...]
+    name: str | None = None
+    offset: int = 0  # integers: the spec's value is stored + offset (ids are 0-based)
+    fam: Role | None = None  # the value's own family axis (one of roles)
+    packed: str | None = None
+    kind: str | None = None  # causal | nomask | onehot | proj | transposed: lowered lazily
+    lazy: object = None  # kind-specific data
+    stored: str | None = None  # a family of matrices as stored: family_layout order
+    ids: V | None = None  # onehot: the integer ids
+    lazy_lo: int = 1  # onehot: the first id (OneHot over lo..hi)
+
+
+def _is_const(p: Poly) -> bool:
+    return p.is_const()
+
+
+def _int(p: Poly) -> int:
+    c = p.const_value()
+    if c.denominator != 1:
+        raise Unsupported(f"size {format_poly(p)} is not a whole number")
+    return int(c)
+
+
+def dim_text(p: Poly) -> int | str:
+    return _int(p) if p.is_const() else format_poly(p)
+
+
+class Scope:
+    def __init__(self, fn: ir.Function | None, env: dict, penv: dict, path: str,
+                 layer: int | None, numeric: dict):
+        self.fn = fn
+        self.env = env  # symbol -> Poly over run-time sizes (or float for reals)
+        self.penv = penv  # symbol -> Poly, every size a number: parameters' stored shapes
+        self.path = path
+        self.layer = layer
+        self.numeric = numeric  # numbers for guards
+        self.vals: dict[str, V] = {}
+        self.roles: dict[str, Role] = {}
+        self.params: dict[str, ir.Param] = {p.name: p for p in (fn.params if fn else [])}
+        self.shared: set[str] = set()  # module uses shared by every layer
+        self.ells: dict[str, tuple] = {}  # `...` in the signature -> the dims it stands for
+
+
+class Lowerer:
+    def __init__(self, spec, cfg, values: dict, opset: int = DEFAULT_OPSET,
+                 optimize: str | None = None, weights: dict | None = None, seed: int = 0,
+                 preset: str | None = None):
+        if not MIN_OPSET <= opset <= MAX_OPSET:
+            raise Unsupported(f"opset {opset} is not supported; choose {MIN_OPSET} to "
+                              f"{MAX_OPSET}")
+        self.spec = spec
+        self.model: ir.Model = cfg.model
+        self.functions: dict[str, ir.Function] = cfg.functions
+        self.values = values
+        self.opset = opset
+        self.optimize = optimize
+        self.weights = weights
+        self.seed = seed
+        self.preset = preset
+        self.g = Graph()
+        self.sources = spec.sources
+        self.roles = 0
+        self.batch = self._role(Poly.sym("batch"), "batch")
+        self.params: dict[str, str] = {}  # full parameter path -> initializer
+        self.arrays: dict[str, np.ndarray] = {}
+        self.memo: dict[tuple, list[V]] = {}
+        self.dynamic: dict[str, tuple[str, int]] = {}  # size symbol -> (input, axis)
+        self.runtime: dict[str, str] = {}  # run-time size symbol -> int64[1] tensor
+        self.used_weights: set[str] = set()
+        self.logits_of: dict[int, V] = {}  # id(Softmax result) -> its input
+        self.max_length: dict[str, int] = {}  # run-time size -> the spec's maximum
+
+    # ---------------------------------------------------------------- helpers
+    def _role(self, size: Poly, label: str) -> Role:
+        self.roles += 1
+        return Role(self.roles, size, label)
+
+    def where(self, e: Eqn | None) -> None:
+        if e is None or e.span is None:
+            return
+        text = self.sources.line(e.span.file, e.span.line) or ""
+        file = e.span.file.rsplit("/", 1)[-1]
+        self.g.doc = f"{file}:{e.span.line}: {text.strip()}"
+
+    def dims(self, v: V) -> list:
+        if v.name is None and v.packed is not None:
+            return self.packed_dims(v)
+        return [dim_text(r.size) for r in v.roles] + [dim_text(d) for d in v.own]
+
+    def packed_dims(self, v: V) -> list:
+        roles = [r for r in v.roles if r is not v.fam]
+        last = v.fam.size * v.own[-1]
+        return [dim_text(r.size) for r in roles] + [dim_text(d) for d in v.own[:-1]] + \
+            [dim_text(last)]
+
+    def info(self, name: str, v: V, packed: bool = False) -> None:
+        self.g.info(name, v.dtype, self.packed_dims(v) if packed else self.dims(v))
+
+    def size(self, p: Poly) -> str:
+        """An int64[1] tensor holding a size (a constant, or computed from T)."""
+        if p.is_const():
+            return self.g.ints([_int(p)])
+        if p.degree() > 1:
+            raise Unsupported(f"a size {format_poly(p)} of degree > 1 in the sequence length")
+        out = None
+        for mono, coef in sorted(p.terms.items(), key=lambda kv: str(kv[0])):
+            if coef.denominator != 1:
+                raise Unsupported(f"size {format_poly(p)} is not a whole number")
+            if not mono:
+                term = self.g.ints([int(coef)])
+            else:
+                ((s, _),) = mono
+                term = self.runtime_size(s)
+                if coef != 1:
+                    term = self.g.op("Mul", [term, self.g.ints([int(coef)])], "size/mul")
+            out = term if out is None else self.g.op("Add", [out, term], "size/add")
+        return out
+
+    def scalar_size(self, p: Poly) -> str:
+        if p.is_const():
+            return self.g.const(_int(p), "int")
+        return self.g.op("Squeeze", [self.size(p), self.g.ints([0])], "size/scalar")
+
+    def runtime_size(self, s: str) -> str:
+        if s not in self.runtime:
+            if s == "batch":
+                inp, axis = next(iter(self.dynamic.values()), (None, 0))
+                axis = 0
+                if inp is None:
+                    inp = self.model.inputs[0].name
+            else:
+                inp, axis = self.dynamic[s]
+            saved = self.g.doc
+            self.g.doc = f"the run's {'batch size' if s == 'batch' else 'sequence length'}"
+            self.runtime[s] = self.g.op("Shape", [inp], f"{s}", start=axis, end=axis + 1)
+            self.g.doc = saved
+        return self.runtime[s]
+
+    def shape_of(self, sizes: list[Poly]) -> str:
+        if all(p.is_const() for p in sizes):
+            return self.g.ints([_int(p) for p in sizes])
+        return self.g.op("Concat", [self.size(p) for p in sizes], "shape", axis=0)
+
+    def own(self, t, scope: Scope) -> tuple[Poly, ...]:
+        """A type's dimensions in a scope, `...` expanded to what it stands for."""
+        t = t.member() if t.family is not None else t
+        out: list = []
+        for d in t.shape:
+            if isinstance(d, Ell):
+                if d.name not in scope.ells:
+                    raise Unsupported("a `...` whose dimensions are not known here")
+                out.extend(scope.ells[d.name])
+            else:
+                out.append(self.ev(d, scope.env))
+        return tuple(out)
+
+    def ev(self, x, env: dict):
+        """A size or constant in a scope: Poly over run-time sizes, or a float."""
+        if isinstance(x, float):
+            return x
+        if isinstance(x, (int, Fraction)):
+            return Poly.const(x)
+        out = x.subs({k: v for k, v in env.items() if isinstance(v, Poly)})
+        reals = {k: v for k, v in env.items() if isinstance(v, float)}
+        if out.symbols() & reals.keys():
+            return float(out.evaluate({**reals}))
+        return out
+
+    # ---------------------------------------------------------------- parameters
+    def param_array(self, key: str, p: ir.Param, shape: tuple[int, ...]) -> np.ndarray:
+        if self.weights is not None:
+            if key not in self.weights:
+                raise Unsupported(f"the weights give no tensor for `{key}`")
+            arr = self.weights[key]
+            if tuple(arr.shape) != shape:
+                raise Unsupported(f"`{key}` has shape {list(arr.shape)}, expected {list(shape)}")
+            self.used_weights.add(key)
+            return np.ascontiguousarray(arr, dtype=np.float32)
+        kind = init_kind(p.name)
+        if kind == "ones":
+            return np.ones(shape, np.float32)
+        if kind == "zeros":
+            return np.zeros(shape, np.float32)
+        digest = hashlib.sha256(f"{self.seed}/{key}".encode()).digest()
+        rng = np.random.default_rng(int.from_bytes(digest[:8], "little"))
+        return rng.standard_normal(shape, dtype=np.float32) * np.float32(0.02)
+
+    def param(self, scope: Scope, name: str, role: Role | None) -> V:
+        p = scope.params[name]
+        key = f"{scope.path}/{ident(p.name)}" if scope.fn is not None else ident(p.name)
+        t = p.type
+        dims = [self.ev(d, scope.penv) for d in t.shape]
+        fam = self.ev(t.family, scope.penv) if t.family is not None else None
+        if key not in self.params:
+            stored = [_int(d) for d in dims]
+            if fam is not None:
+                stored = family_layout(stored, _int(fam))
+            arr = self.param_array(key, p, tuple(stored))
+            self.arrays[key] = arr
+            what = f"{p.declared or p.name}: R[{', '.join(format_poly(d) for d in t.shape)}]"
+            if fam is not None:
+                what += f" for each of {_int(fam)}, stored {tuple(stored)}"
+            self.params[key] = self.g.initializer(key, arr, what)
+        init = self.params[key]
+        run_dims = [self.ev(d, scope.env) for d in t.shape]
+        if fam is None:
+            v = V("real", (), tuple(run_dims), name=init)
+            return self._slice_dynamic(v, dims, run_dims)
+        if any(not d.is_const() for d in run_dims):
+            raise Unsupported(f"family parameter `{name}` sized by the sequence length")
+        role = role or self._role(fam, name)
+        if len(dims) < 2:  # (A, D): the family axis is already first
+            return V("real", (role,), tuple(run_dims), fam=role, name=init)
+        return V("real", (role,), tuple(run_dims), fam=role, stored=init)
+
+    def _slice_dynamic(self, v: V, stored: list, run: list) -> V:
+        """A parameter sized by the context length n is used up to the run's length T."""
+        cut = [k for k, (a, b) in enumerate(zip(stored, run)) if a != b]
+        if not cut:
+            return v
+        ends = [self.size(run[k]) for k in cut]
+        ends_t = ends[0] if len(ends) == 1 else self.g.op("Concat", ends, "ends", axis=0)
+        starts = self.g.ints([0] * len(cut))
+        out = self.g.op("Slice", [v.name, starts, ends_t, self.g.ints(cut)],
+                        f"{v.name}[:T]")
+        nv = replace(v, name=out)
+        self.info(out, nv)
+        return nv
+
+    def canonical(self, v: V) -> V:
+        """The value with a tensor in canonical layout (lowering any lazy form)."""
+        if v.name is not None:
+            return v
+        if v.kind == "proj" and v.packed is None:
+            self.project(v)
+        if v.packed is not None:
+            roles = [r for r in v.roles if r is not v.fam]
+            k = v.roles.index(v.fam)
+            n_own = len(v.own)
+            split = [0] * (len(roles) + n_own - 1) + [_int(v.fam.size), -1]
+            x = self.g.op("Reshape", [v.packed, self.g.ints(split)], f"{v.packed}/heads")
+            # (roles.., own[:-1].., fam, last) -> fam moved to its role position
+            rank = len(roles) + n_own + 1
+            src = len(roles) + n_own - 1
+            perm = list(range(rank))
+            perm.pop(src)
+            perm.insert(k, src)
+            v.name = self.g.op("Transpose", [x], f"{v.packed}/split", perm=perm)
+            self.info(v.name, v)
+            return v
+        if v.stored is not None:  # a family of matrices stored (.., A, last)
+            rank = len(v.own) + 1
+            perm = list(range(rank))
+            src = rank - 2
+            perm.pop(src)
+            perm.insert(0, src)
+            v.name = self.g.op("Transpose", [v.stored], f"{v.stored}/members", perm=perm)
+            self.info(v.name, v)
+            return v
+        if v.kind in ("causal", "nomask", "onehot"):
+            out = v.lazy()
+            v.name, v.offset, v.dtype = out.name, out.offset, out.dtype
+            v.roles, v.kind = out.roles, None
+            return v
+        raise Unsupported("a value has no tensor")
+
+    def packed_form(self, v: V) -> str:
+        """A family value as Concat(members): the family axis merged into the last axis."""
+        if v.packed is not None:
+            return v.packed
+        if v.kind == "proj":
+            return self.project(v)
+        v = self.canonical(v)
+        roles = [r for r in v.roles if r is not v.fam]
+        k = v.roles.index(v.fam)
+        rank = len(v.roles) + len(v.own)
+        perm = [a for a in range(rank) if a != k]
+        perm.insert(rank - 2, k)
+        x = self.g.op("Transpose", [v.name], f"{v.name}/to_concat", perm=perm)
+        shape = [0] * (len(roles) + len(v.own) - 1) + [-1]
+        v.packed = self.g.op("Reshape", [x, self.g.ints(shape)], f"{v.name}/concat")
+        self.info(v.packed, v, packed=True)
+        return v.packed
+
+    def project(self, v: V) -> str:
+        """X @ W_i (+ b_i) for every member i: one GEMM with the (H, A·D) view of W."""
+        x, w, b = v.lazy
+        h = _int(v.fam.size) * _int(v.own[-1])
+        w2 = self.g.op("Reshape", [w, self.g.ints([-1, h])], f"{w}/flat")
+        out = self.g.op("MatMul", [self.canonical(x).name, w2], f"{w}/proj")
+        if b is not None:
+            b2 = self.g.op("Reshape", [b, self.g.ints([h])], f"{b}/flat")
+            out = self.g.op("Add", [out, b2], f"{b}/proj")
+        v.packed = out
+        self.info(out, v, packed=True)
+        return out
+
+    # ---------------------------------------------------------------- alignment
+    def merge_roles(self, *vals: V) -> tuple[Role, ...]:
+        seen: dict[int, Role] = {}
+        for v in vals:
+            for r in v.roles:
+                seen[r.order] = r
+        return tuple(seen[k] for k in sorted(seen))
+
+    def align(self, v: V, roles: tuple[Role, ...], rank: int, full: bool = False) -> str:
+        """`v` with unit axes for the roles it lacks and for missing own dimensions, so it
+        broadcasts against a value with these roles and this own rank (`full`: always to
+        that whole rank, where an op does not broadcast by itself)."""
+        v = self.canonical(v)
+        if not v.roles and len(v.own) <= rank and not full:
+            return v.name
+        axes = [k for k, r in enumerate(roles) if r not in v.roles]
+        axes += [len(roles) + k for k in range(rank - len(v.own))]
+        if not axes:
+            return v.name
+        return self.g.op("Unsqueeze", [v.name, self.g.ints(axes)], f"{v.name}/align")
+
+    def math(self, v: V) -> str:
+        """An integer's spec value (stored + offset)."""
+        v = self.canonical(v)
+        if v.offset == 0:
+            return v.name
+        return self.g.op("Add", [v.name, self.g.const(v.offset, "int")], f"{v.name}/+{v.offset}")
+
+    def as_real(self, v: V) -> V:
+        v = self.canonical(v)
+        if v.dtype == "real":
+            return v
+        x = self.math(v) if v.dtype == "int" else v.name
+        out = self.g.op("Cast", [x], f"{v.name}/real", to=1)
+        return V("real", v.roles, v.own, name=out, fam=v.fam)
+
+    def zero_based(self, v: V) -> str:
+        v = self.canonical(v)
+        shift = v.offset - 1
+        if shift == 0:
+            return v.name
+        return self.g.op("Add", [v.name, self.g.const(shift, "int")], f"{v.name}/index")
+
+    # ---------------------------------------------------------------- the model
+    def lower(self, external: str | None = None):
+        """The ModelProto (and, with `external`, the bytes for that file: see Graph.model)."""
+        m = self.model
+        env: dict = {}
+        penv: dict = {}
+        numeric: dict = {}
+        dyn_syms: set[str] = set()
+        for v in m.inputs:
+            for d in v.type.shape:
+                if isinstance(d, Poly):
+                    dyn_syms |= d.symbols()
+        names = sorted(dyn_syms)
+        runtime_name = {s: ("T" if len(names) == 1 else f"T_{s}") for s in names}
+        for s in names:
+            self.max_length[runtime_name[s]] = _int(self.values[s])
+        self.g.taken.update(v.name for v in m.inputs)
+        self.g.taken.update(o.name for o in m.outputs)
+        self.g.taken.add("logits")
+        for h in m.hypers:
+            value = self.values[h.name]
+            if isinstance(value, float):
+                env[h.name] = penv[h.name] = value
+                continue
+            penv[h.name] = value
+            numeric[h.name] = value.const_value()
+            env[h.name] = Poly.sym(runtime_name[h.name]) if h.name in dyn_syms else value
+        scope = Scope(None, env, penv, "", None, numeric)
+        inputs = []
+        for v in m.inputs:
+            t = v.type
+            own = tuple(self.ev(d, env) for d in t.shape)
+            for k, d in enumerate(t.shape):
+                if isinstance(d, Poly) and len(d.symbols()) == 1 and d == Poly.sym(
+                        next(iter(d.symbols()))) and d.symbols() <= dyn_syms:
+                    self.dynamic.setdefault(runtime_name[next(iter(d.symbols()))],
+                                            (v.name, k + 1))
+            if t.dtype == "int":
+                lo = self.ev(t.lo, penv)
+                val = V("int", (self.batch,), own, name=v.name, offset=_int(lo))
+            else:
+                val = V(t.dtype, (self.batch,), own, name=v.name)
+            scope.vals[v.name] = val
+            inputs.append((v.name, val.dtype, self.dims(val)))
+        for p in m.params:
+            scope.params[p.name] = p
+        for item in m.body:
+            if isinstance(item, ir.Loop):
+                self.loop(item, scope)
+            else:
+                self.eqn(item, scope)
+        graph_outputs: list[tuple[str, str, list]] = []
+        taken = {v.name for v in m.inputs} | {o.name for o in m.outputs}
+        for o in m.outputs:
+            v = self.canonical(scope.vals[o.name])
+            logits = self.logits_of.get(id(scope.vals[o.name]))
+            if v.dtype == "int":
+                v = V("int", v.roles, v.own, name=self.math(v))
+            self.g.node("Identity", [v.name], o.name, exact=True)
+            graph_outputs.append((o.name, v.dtype, self.dims(v)))
+            if logits is not None and len(m.outputs) == 1 and "logits" not in taken:
+                # users train on the logits: the input of the final Softmax, as a 2nd output
+                self.g.node("Identity", [logits.name], "logits", exact=True)
+                graph_outputs.append(("logits", "real", self.dims(logits)))
+        meta = self.metadata(m, penv, inputs, graph_outputs)
+        doc = f"{m.name}, compiled by fgc from {self.spec.path.rsplit('/', 1)[-1]}" + \
+            (f" (preset {self.preset})" if self.preset else "")
+        self.g.nodes = self._live(self.g.nodes, {n for n, _, _ in graph_outputs})
+        return self.g.model(inputs, graph_outputs, self.opset, m.name, doc, meta, external)
+
+    def metadata(self, m: ir.Model, penv: dict, inputs, outputs) -> dict[str, str]:
+        ins = []
+        for v in m.inputs:
+            t = v.type
+            entry = {"name": v.name, "dtype": t.dtype, "dims": next(
+                d for n, _, d in inputs if n == v.name)}
+            if t.dtype == "int":
+                entry["lo"] = _int(self.ev(t.lo, penv))
+                entry["hi"] = _int(self.ev(t.hi, penv))
+                entry["zero_based"] = True
+                entry["perm"] = bool(t.perm)
+            ins.append(entry)
+        maxima = self.max_length
+        return {
+            "fgc.inputs": json.dumps(ins, separators=(",", ":")),
+            "fgc.outputs": json.dumps([{"name": n, "dtype": d, "dims": dims}
+                                       for n, d, dims in outputs], separators=(",", ":")),
+            "fgc.max_length": json.dumps(maxima, separators=(",", ":")),
+            "fgc.model": m.name,
+            "fgc.preset": self.preset or "",
+            "fgc.spec": self.spec.path.rsplit("/", 1)[-1],
+            "fgc.optimize": self.optimize or "none",
+        }
+
+    @staticmethod
+    def _live(nodes, outputs: set[str]):
+        """Drop nodes nothing needs (lazy forms that were lowered twice, fused Adds)."""
+        need = set(outputs)
+        keep = []
+        for n in reversed(nodes):
+            if n is None:
+                continue
+            if any(o in need for o in n.outputs):
+                keep.append(n)
+                need.update(i for i in n.inputs if i)
+        return list(reversed(keep))
+
+    def loop(self, loop: ir.Loop, outer: Scope) -> None:
+        hi = _int(self.ev(loop.hi, outer.penv))
+        lo = _int(self.ev(loop.lo, outer.penv))
+        carried = {c.inner: outer.vals[c.init] for c in loop.carried}
+        last: dict[str, V] = {}
+        for layer in range(lo, hi + 1):
+            env = dict(outer.env)
+            env[loop.var] = Poly.const(layer)
+            penv = dict(outer.penv)
+            penv[loop.var] = Poly.const(layer)
+            scope = Scope(None, env, penv, f"layer{layer}", layer,
+                          {**outer.numeric, loop.var: layer})
+            scope.vals = dict(outer.vals)
+            scope.vals.update(carried)
+            scope.params = outer.params
+            scope.shared = set(loop.shared)
+            scope.ells = outer.ells
+            for e in loop.body:
+                self.eqn(e, scope)
+            carried = {c.inner: scope.vals[c.result] for c in loop.carried}
+            last = scope.vals
+        for inner, outer_name in loop.results:
+            if inner in last:
+                outer.vals[outer_name] = last[inner]
+
+    # ---------------------------------------------------------------- equations
+    def eqn(self, e: Eqn, scope: Scope) -> None:
+        if e.guards and not all(guard_holds(g, scope.numeric) for g in e.guards):
+            return
+        self.where(e)
+        try:
+            if e.op == "call":
+                outs = self.call(e, scope)
+            elif e.op == "cond":
+                holds = guard_holds(ir.Guard(text=e.attrs["guard"]), scope.numeric)
+                outs = [self.operand(e.ins[0 if holds else 1], e, scope)]
+            else:
+                lowering = LOWER.get(e.op)
+                if lowering is None:
+                    raise Unsupported(f"the ONNX backend has no lowering for `{e.op}`")
+                ins = [self.operand(o, e, scope) for o in e.ins]
+                outs = [lowering(self, e, ins, scope)]
+        except Unsupported as err:
+            if e.span is not None and not str(err).startswith(e.span.file.rsplit("/", 1)[-1]):
+                raise Unsupported(f"{e.span.file.rsplit('/', 1)[-1]}:{e.span.line}: {err}") \
+                    from None
+            raise
+        for out, v in zip(e.outs, outs):
+            scope.vals[out.name] = v
+
+    def family_role(self, e: Eqn, scope: Scope) -> Role | None:
+        if e.family is None:
+            return None
+        var, size = e.family
+        if var not in scope.roles:
+            scope.roles[var] = self._role(self.ev(size, scope.env), var)
+        return scope.roles[var]
+
+    def operand(self, o: Operand, e: Eqn, scope: Scope) -> V:
+        if o.name is None:
+            c = self.ev(o.const, scope.env)
+            if isinstance(c, float):
+                return V("real", (), (), name=self.g.const(c, "real"))
+            if c.is_const():
+                value = c.const_value()
+                if value.denominator != 1:
+                    return V("real", (), (), name=self.g.const(float(value), "real"))
+                return V("int", (), (), name=self.g.const(int(value), "int"))
+            return V("int", (), (), name=self.scalar_size(c))
+        role = self.family_role(e, scope) if o.member is not None and isinstance(
+            o.member, str) else None
+        if o.name not in scope.vals and o.name in scope.params:
+            v = self.param(scope, o.name, role)
+        elif o.name in scope.vals:
+            v = scope.vals[o.name]
+        else:
+            raise Unsupported(f"value `{o.name}` is not available here")
+        if o.member is not None and not isinstance(o.member, str):
+            if v.fam is None:
+                raise Unsupported(f"`{o}`: member of a value that is not a family")
+            k = _int(self.ev(o.member, scope.env)) - 1
+            v = self.canonical(v)
+            axis = v.roles.index(v.fam)
+            out = self.g.op("Gather", [v.name, self.g.const(k, "int")], f"{v.name}[{k + 1}]",
+                            axis=axis)
+            return V(v.dtype, tuple(r for r in v.roles if r is not v.fam), v.own, name=out,
+                     offset=v.offset)
+        if role is not None and v.fam is not None and v.fam is not role:
+            # a family made under another index of the same size: the same axis
+            v = replace(v, roles=tuple(role if r is v.fam else r for r in v.roles), fam=role)
+        return v
+
+    def call(self, e: Eqn, scope: Scope) -> list[V]:
+        fn = self.functions[e.attrs["module"]]
+        ins = [self.operand(o, e, scope) for o in e.ins]
+        env, penv = {}, {}
+        bindings = dict(e.attrs["bindings"])
+        for h in fn.hypers:
+            if h.name not in bindings and h.default is not None:
+                bindings[h.name] = h.default
+        for name, b in bindings.items():
+            env[name] = self.ev(b, scope.env)
+            penv[name] = self.ev(b, scope.penv)
+        ells: dict[str, tuple] = {}
+        for decl, v in zip(fn.inputs, ins):
+            t = decl.type.member() if decl.type.family is not None else decl.type
+            if any(isinstance(d, Ell) for d in t.shape):
+                shape = [d for d in t.shape if not isinstance(d, Ell)]
+                own = v.own[len(v.own) - len(shape):] if shape else ()
+                ell = next(d for d in t.shape if isinstance(d, Ell))
+                ells.setdefault(ell.name, tuple(v.own[:len(v.own) - len(shape)]))
+            else:
+                shape, own = list(t.shape), v.own
+            for d, actual in zip(shape, own):
+                if isinstance(d, Poly) and len(d.terms) == 1 and d.symbols() and \
+                        d == Poly.sym(next(iter(d.symbols()))):
+                    s = next(iter(d.symbols()))
+                    env.setdefault(s, actual)
+                    penv.setdefault(s, actual)
+        inst = e.attrs["instance"]
+        if inst in scope.shared:
+            path = ident(inst)
+        else:
+            path = f"{scope.path}/{ident(inst)}" if scope.path else ident(inst)
+        role = self.family_role(e, scope)
+        callee = Scope(fn, env, penv, path, scope.layer, scope.numeric)
+        callee.ells = ells
+        if fn.builtin and fn.name in BUILTIN and not (e.family and fn.params):
+            out = BUILTIN[fn.name](self, callee, ins, e)
+            if out is not None:
+                return out
+        key = None
+        if not self._has_params(fn) and all(v.name or v.packed for v in ins):
+            # a module without parameters, on the same values: computed once (the mask
+            # every layer builds)
+            key = (fn.name, tuple(id(v) for v in ins),
+                   tuple(sorted((k, str(x)) for k, x in env.items())))
+            if key in self.memo:
+                return self.memo[key][1]
+        for decl, v in zip(fn.inputs, ins):
+            callee.vals[decl.name] = v
+        if role is not None and fn.params:
+            raise Unsupported(f"`{fn.name}` has parameters but is used once per family member")
+        for inner in fn.eqns:
+            self.eqn(inner, callee)
+        outs = [callee.vals[o.name] for o in fn.outputs]
+        for o, declared in zip(outs, fn.outputs):
+            if declared.type.dtype == "real" and o.dtype != "real":
+                outs[outs.index(o)] = self.as_real(o)
+        if role is not None:
+            outs = [replace(o, fam=role) if role in o.roles else o for o in outs]
+        if key is not None:
+            self.memo[key] = (ins, outs)  # the inputs are kept alive: their ids are the key
+        return outs
+
+    def _has_params(self, fn: ir.Function) -> bool:
+        return bool(fn.params) or any(self._has_params(self.functions[e.attrs["module"]])
+                                      for e in fn.eqns if e.op == "call")
+
+    def inline(self, callee: Scope, ins: list[V], doc: str) -> V:
+        """The module's own equations, for a lazy form that must become a tensor."""
+        fn = callee.fn
+        inner = Scope(fn, callee.env, callee.penv, callee.path, callee.layer, callee.numeric)
+        inner.ells = callee.ells
+        for decl, v in zip(fn.inputs, ins):
+            inner.vals[decl.name] = v
+        saved = self.g.doc
+        for e in fn.eqns:
+            self.eqn(e, inner)
+        self.g.doc = doc
+        out = self.canonical(inner.vals[fn.outputs[0].name])
+        self.g.doc = saved
+        return out
+
+
+# ---------------------------------------------------------------- primitives
+
+def _out(lw: Lowerer, e: Eqn, scope: Scope, roles, dtype: str, name: str, offset: int = 0,
+         fam: Role | None = None) -> V:
+    v = V(dtype, roles, lw.own(e.outs[0].type, scope), name=name, offset=offset, fam=fam)
+    lw.info(name, v)
+    return v
+
+
+def _label(e: Eqn, scope: Scope, what: str) -> str:
+    name = e.outs[0].name
+    base = what if name.startswith("%") else name
+    return f"{scope.path}/{base}" if scope.path else base
+
+
+def _rank(lw: Lowerer, e: Eqn, scope: Scope) -> int:
+    return len(lw.own(e.outs[0].type, scope))
+
+
+def _roles_for(lw: Lowerer, e: Eqn, scope: Scope, ins: list[V]) -> tuple[tuple, Role | None]:
+    role = lw.family_role(e, scope)
+    roles = lw.merge_roles(*ins)
+    fam = None
+    if role is not None and role in roles:
+        fam = role
+    return roles, fam
+
+
+ONNX_BINARY = {"add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "pow": "Pow",
+               "max": "Max", "min": "Min", "mod": "Mod", "eq": "Equal", "ne": "Equal",
+               "lt": "Less", "le": "LessOrEqual", "gt": "Greater", "ge": "GreaterOrEqual",
+               "and": "And", "or": "Or"}
+COMPARE = {"eq", "ne", "lt", "le", "gt", "ge"}
+
+
+def _binary(lw: Lowerer, e: Eqn, ins: list[V], scope: Scope) -> V:
+    a, b = ins
+    if e.op == "add" and a.kind == "proj" and a.lazy[2] is None and b.fam is a.fam and \
+            b.name in lw.g.initializers and len(b.own) == 1:
+        # X @ W_i + b_i: the bias joins the one GEMM of the projection
+        return V("real", a.roles, a.own, fam=a.fam, kind="proj",
+                 lazy=(a.lazy[0], a.lazy[1], b.name))
+    roles, fam = _roles_for(lw, e, scope, ins)
+    rank = _rank(lw, e, scope)
+    label = _label(e, scope, ONNX_BINARY[e.op])
+    if a.dtype == "int" and b.dtype == "int" and e.op in ("add", "sub"):
+        sign = 1 if e.op == "add" else -1
+        for x, y, swap in ((a, b, False), (b, a, True)):
+            if y.name and y.name in lw.g.consts.values() and not y.roles and not y.own and \
+                    (not swap or sign == 1):
+                c = int(lw.g.initializers[y.name])
+                x = lw.canonical(x)
+                return V("int", x.roles, x.own, name=x.name, offset=x.offset + sign * c,
+                         fam=x.fam)
+        xa, yb = lw.align(a, roles, rank), lw.align(b, roles, rank)
+        out = lw.g.op(ONNX_BINARY[e.op], [xa, yb], label)
+        return _out(lw, e, scope, roles, "int", out, lw.canonical(a).offset + sign *
+                    lw.canonical(b).offset, fam)
+    if e.op in COMPARE and a.dtype == "int" and b.dtype == "int":
+        a, b = lw.canonical(a), lw.canonical(b)
+        xa = lw.align(a, roles, rank)
+        yb = lw.align(b, roles, rank)
+        if a.offset != b.offset:
+            xa = lw.g.op("Add", [xa, lw.g.const(a.offset - b.offset, "int")], f"{xa}/shift")
+        out = lw.g.op(ONNX_BINARY[e.op], [xa, yb], label)
+        if e.op == "ne":
+            out = lw.g.op("Not", [out], label)
+        return _out(lw, e, scope, roles, "bool", out, fam=fam)
+    if e.op in ("and", "or"):
+        out = lw.g.op(ONNX_BINARY[e.op], [lw.align(a, roles, rank), lw.align(b, roles, rank)],
+                      label)
+        return _out(lw, e, scope, roles, "bool", out, fam=fam)
+    dtype = "real" if "real" in (a.dtype, b.dtype) or e.op in ("div", "pow") else "int"
+    vals = []
+    for v in (a, b):
+        v = lw.canonical(v)
+        if dtype == "real":
+            v = lw.as_real(v)
+        elif v.offset:
+            v = V("int", v.roles, v.own, name=lw.math(v))
+        vals.append(lw.align(v, roles, rank))
+    attrs = {"fmod": 0} if e.op == "mod" else {}
+    out = lw.g.op(ONNX_BINARY[e.op], vals, label, **attrs)
+    if e.op == "ne":
+        out = lw.g.op("Not", [out], label)
+    return _out(lw, e, scope, roles, "bool" if e.op in COMPARE else dtype, out, fam=fam)
+
+
+ONNX_UNARY = {"exp": "Exp", "log": "Log", "sqrt": "Sqrt", "tanh": "Tanh", "sigmoid": "Sigmoid",
+              "erf": "Erf", "sin": "Sin", "cos": "Cos", "abs": "Abs", "neg": "Neg",
+              "not": "Not", "stopgrad": "Identity"}
+
+
+def _unary(lw: Lowerer, e: Eqn, ins: list[V], scope: Scope) -> V:
+    (x,) = ins
+    x = lw.canonical(x)
+    if e.op == "stopgrad":
+        return x
+    if e.op == "not":
+        dtype = "bool"
+    elif x.dtype == "int" and e.op in ("abs", "neg"):
+        x = V("int", x.roles, x.own, name=lw.math(x), fam=x.fam)
+        dtype = "int"
+    else:
+        x = lw.as_real(x)
+        dtype = "real"
+    if not x.roles and not x.own and e.op in ("sqrt", "exp", "log") and \
+            x.name in lw.g.consts.values():
+        value = float(lw.g.initializers[x.name])
+        return V("real", (), (), name=lw.g.const(float(getattr(np, e.op)(np.float64(value))),
+                                                 "real"))
+    out = lw.g.op(ONNX_UNARY[e.op], [x.name], _label(e, scope, ONNX_UNARY[e.op]))
+    return _out(lw, e, scope, x.roles, dtype, out, fam=x.fam)
+
+
+def _reduce(lw: Lowerer, e: Eqn, ins: list[V], scope: Scope) -> V:
+    x = lw.canonical(ins[0])
+    x = lw.as_real(x) if e.op == "mean" or x.dtype == "int" and x.offset else x
+    op = {"sum": "ReduceSum", "mean": "ReduceMean", "amax": "ReduceMax"}[e.op]
+    out = lw.g.op(op, [x.name, lw.g.ints([-1])], _label(e, scope, op), keepdims=1)
+    return _out(lw, e, scope, x.roles, x.dtype, out, fam=x.fam)
+
+
+def _matmul(lw: Lowerer, e: Eqn, ins: list[V], scope: Scope) -> V:
+    x, y = ins
+    role = lw.family_role(e, scope)
+    if x.kind == "onehot" and not y.roles and len(y.own) == 2:
+        # OneHot(x) @ W is a row lookup: no V-wide one-hot is built
+        ids, lo = x.ids, x.lazy_lo
+        w = lw.canonical(y)
+        row = lw.canonical(ids)
+        shift = row.offset - lo  # row = x - a, for OneHot over a..b
+        rows = row.name if shift == 0 else lw.g.op(
+            "Add", [row.name, lw.g.const(shift, "int")], f"{row.name}/row")
+        out = lw.g.op("Gather", [w.name, rows], _label(e, scope, "embedding"), axis=0)
+        return _out(lw, e, scope, ids.roles, "real", out)
+    if y.stored is not None and y.fam is not None and x.fam is None and len(y.own) == 2 \
+            and x.dtype == "real" and len(x.own) >= 1 and role is y.fam:
+        # X @ W_i for every member i: kept as one GEMM until something needs the heads
+        own = lw.own(e.outs[0].type, scope)
+        roles = lw.merge_roles(x, y)
+        return V("real", roles, own, fam=y.fam, kind="proj", lazy=(x, y.stored, None))
+    roles, fam = _roles_for(lw, e, scope, ins)
+    x, y = lw.as_real(x), lw.as_real(lw.canonical(y))
+    label = _label(e, scope, "MatMul")
+    if len(x.own) >= 2 and len(y.own) >= 2:
+        rank = max(len(x.own), len(y.own))
+        out = lw.g.op("MatMul", [lw.align(x, roles, rank), lw.align(y, roles, rank)], label)
+    elif len(x.own) == 1 and len(y.own) == 2 and not y.roles:
+        out = lw.g.op("MatMul", [x.name, y.name], label)
+    elif len(y.own) == 1 and len(x.own) >= 1 and not y.roles:
+        out = lw.g.op("MatMul", [x.name, y.name], label)
+    elif len(x.own) == 1:
+        xx = lw.g.op("Unsqueeze", [x.name, lw.g.ints([-2])], f"{x.name}/row")
+        xv = V("real", x.roles, (Poly.const(1),) + x.own, name=xx)
+        prod = lw.g.op("MatMul", [lw.align(xv, roles, len(y.own)), lw.align(y, roles,
+                                                                            len(y.own))], label)
+        out = lw.g.op("Squeeze", [prod, lw.g.ints([-2])], label)
+    else:
+        yy = lw.g.op("Unsqueeze", [y.name, lw.g.ints([-1])], f"{y.name}/col")
+        yv = V("real", y.roles, y.own + (Poly.const(1),), name=yy)
+        prod = lw.g.op("MatMul", [lw.align(x, roles, len(x.own)), lw.align(yv, roles,
+                                                                            len(x.own))], label)
+        out = lw.g.op("Squeeze", [prod, lw.g.ints([-1])], label)
+    return _out(lw, e, scope, roles, "real", out, fam=fam)
+
+
+def _transpose(lw: Lowerer, e: Eqn, ins: list[V], scope: Scope) -> V:
+    x = lw.canonical(ins[0])
+    rank = len(x.roles) + len(x.own)
+    perm = list(range(rank))
+    perm[-1], perm[-2] = perm[-2], perm[-1]
+    out = lw.g.op("Transpose", [x.name], _label(e, scope, "Transpose"), perm=perm)
+    return _out(lw, e, scope, x.roles, x.dtype, out, offset=x.offset, fam=x.fam)
+
+
+def _concat(lw: Lowerer, e: Eqn, ins: list[V], scope: Scope) -> V:
+    counts = e.attrs.get("counts") or [None] * len(ins)
+    if len(ins) == 1 and counts[0] is not None:
+        v = ins[0]
+        if v.fam is None:
+            raise Unsupported("concat of a family whose members do not differ")
+        packed = lw.packed_form(v)
+        return _out(lw, e, scope, tuple(r for r in v.roles if r is not v.fam), v.dtype,
+                    packed, offset=v.offset)
+    if any(c is not None for c in counts):
+        raise Unsupported("concat of a family together with other values")
+    roles = lw.merge_roles(*ins)
+    rank = _rank(lw, e, scope)
+    dtype = "real" if any(v.dtype == "real" for v in ins) else ins[0].dtype
+    vals = [lw.align(lw.as_real(v) if dtype == "real" else v, roles, rank) for v in ins]
+    axis = -1 if e.op == "concat" else -rank
+    out = lw.g.op("Concat", vals, _label(e, scope, "Concat"), axis=axis)
+    return _out(lw, e, scope, roles, dtype, out)
+
+
+def _iota(lw: Lowerer, e: Eqn, ins: list[V], scope: Scope) -> V:
+    size = lw.ev(e.attrs["size"], scope.env)
+    rank, axis = e.attrs["rank"], e.attrs["axis"]
+    label = _label(e, scope, "iota")
+    if size.is_const():
+        n = _int(size)
+        shape = [n if k == axis else 1 for k in range(rank)]
+        arr = np.arange(n, dtype=np.int64).reshape(shape)
+        out = lw.g.const(arr.ravel().tolist(), "int", tuple(shape)) if n > 0 else None
+    else:
+        r = lw.g.op("Range", [lw.g.const(0, "int"), lw.scalar_size(size), lw.g.const(1, "int")],
+                    label)
+        shape = [-1 if k == axis else 1 for k in range(rank)]
+        out = lw.g.op("Reshape", [r, lw.g.ints(shape)], label)
+    return _out(lw, e, scope, (), "int", out, offset=1)
+
+
+def _broadcast_to(lw: Lowerer, e: Eqn, ins: list[V], scope: Scope) -> V:
+    x = lw.canonical(ins[0])
+    target = [lw.ev(d, scope.env) for d in e.attrs["shape"]]
+    if tuple(x.own) == tuple(target) and x.name:
+        return x
+    shape = [Poly.const(1)] * len(x.roles) + target
+    out = lw.g.op("Expand", [lw.align(x, x.roles, len(target)), lw.shape_of(shape)],
+                  _label(e, scope, "Expand"))
+    return _out(lw, e, scope, x.roles, x.dtype, out, offset=x.offset, fam=x.fam)
+
+
+def _select(lw: Lowerer, e: Eqn, ins: list[V], scope: Scope) -> V:
+    c, x, y = ins
+    roles, fam = _roles_for(lw, e, scope, ins)
+    rank = _rank(lw, e, scope)
+    x, y = lw.canonical(x), lw.canonical(y)
+    if "real" in (x.dtype, y.dtype):
+        x, y, dtype = lw.as_real(x), lw.as_real(y), "real"
+    else:
+        dtype = "int"
+        if x.offset != y.offset:
+            x = V("int", x.roles, x.own, name=lw.math(x))
+            y = V("int", y.roles, y.own, name=lw.math(y))
+    out = lw.g.op("Where", [lw.align(c, roles, rank), lw.align(x, roles, rank),
+                            lw.align(y, roles, rank)], _label(e, scope, "Where"))
+    return _out(lw, e, scope, roles, dtype, out, offset=x.offset if dtype == "int" else 0,
+                fam=fam)
+
+
+def _index(lw: Lowerer, e: Eqn, ins: list[V], scope: Scope) -> V:
+    base, rest = lw.canonical(ins[0]), ins[1:]
+    kinds = e.attrs["kinds"]
+    label = _label(e, scope, "index")
+    nb = len(base.roles)
+    if any(k == "gather" for k in kinds):
+        return _gather(lw, e, base, rest, scope, label)
+    x = base.name
+    k = 0
+    removed = 0
+    batched = []
+    for axis, kind in enumerate(kinds):
+        pos = nb + axis - removed
+        if kind == ":":
+            continue
+        if kind == "range":
+            lo, hi = rest[k], rest[k + 1]
+            k += 2
+            start = lw.zero_based(lo)
+            end = lw.math(hi)
+            start = lw.g.op("Reshape", [start, lw.g.ints([1])], f"{label}/start")
+            end = lw.g.op("Reshape", [end, lw.g.ints([1])], f"{label}/end")
+            x = lw.g.op("Slice", [x, start, end, lw.g.ints([pos])], label)
+            continue
+        idx = lw.canonical(rest[k])
+        k += 1
+        if idx.roles:
+            batched.append((axis, idx))
+            continue
+        x = lw.g.op("Gather", [x, lw.zero_based(idx)], label, axis=pos)
+        removed += 1
+    if batched:
+        # one position per batch row (BERT's j_masked): a gather with the batch as batch_dims
+        if len(batched) != 1 or any(r is not lw.batch for r in batched[0][1].roles) or \
+                base.roles != (lw.batch,):
+            raise Unsupported("a per-row index other than one position per sequence")
+        axis, idx = batched[0]
+        if axis - removed != 0:
+            raise Unsupported("a per-row index past the first axis")
+        ids = lw.g.op("Unsqueeze", [lw.zero_based(idx), lw.g.ints([-1])], f"{label}/ids")
+        x = lw.g.op("GatherND", [x, ids], label, batch_dims=1)
+    return _out(lw, e, scope, base.roles, base.dtype, x, offset=base.offset)
+
+
+def _gather(lw: Lowerer, e: Eqn, base: V, idx: list[V], scope: Scope, label: str) -> V:
+    """base[i_1, ..., i_r] with index tensors on every axis (a comprehension): the axes are
+    flattened into one, the indices combined into one linear index, then one gather."""
+    r = len(base.own)
+    sizes = list(base.own)
+    roles = lw.merge_roles(base, *idx)
+    member = _rank(lw, e, scope)
+    lin = None
+    lin_v = None
+    for axis in range(r):
+        z = lw.canonical(idx[axis])
+        zv = V("int", z.roles, z.own, name=lw.zero_based(z))
+        if lin is None:
+            lin, lin_v = zv.name, zv
+            continue
+        lin = lw.g.op("Mul", [lw.align(lin_v, lw.merge_roles(lin_v, zv), member),
+                              lw.scalar_size(sizes[axis])], f"{label}/linear")
+        lin_v = V("int", lw.merge_roles(lin_v, zv), lw.own(e.outs[0].type, scope), name=lin)
+        lin = lw.g.op("Add", [lin, lw.align(zv, lin_v.roles, member)], f"{label}/linear")
+        lin_v = replace(lin_v, name=lin)
+    flat = base.name
+    if r > 1:
+        flat = lw.g.op("Reshape", [base.name, lw.g.ints([0] * len(base.roles) + [-1])],
+                       f"{label}/flat")
+    if not base.roles:
+        out = lw.g.op("Gather", [flat, lin], label, axis=0)
+        if lin_v.roles != roles:
+            raise Unsupported("gather indices with mixed leading axes")
+        return _out(lw, e, scope, lin_v.roles, base.dtype, out, offset=base.offset)
+    # leading axes on the base: both sides broadcast to the union, then GatherElements
+    nr = len(roles)
+    b_al = lw.align(V(base.dtype, base.roles, (Poly.const(1),), name=flat), roles, 1)
+    i_al = lw.align(lin_v, roles, member, full=True)
+    i_flat = lw.g.op("Reshape", [i_al, lw.g.ints([0] * nr + [-1])], f"{label}/ids")
+    b_shape = lw.g.op("Shape", [b_al], f"{label}/bshape", start=0, end=nr)
+    i_shape = lw.g.op("Shape", [i_flat], f"{label}/ishape", start=0, end=nr)
+    b_exp = lw.g.op("Expand", [b_al, lw.g.op("Concat", [i_shape, lw.g.ints([1])],
+                                             f"{label}/s1", axis=0)], f"{label}/bexp")
+    i_exp = lw.g.op("Expand", [i_flat, lw.g.op("Concat", [b_shape, lw.g.ints([1])],
+                                               f"{label}/s2", axis=0)], f"{label}/iexp")
+    picked = lw.g.op("GatherElements", [b_exp, i_exp], label, axis=-1)
+    full = lw.g.op("Shape", [i_al], f"{label}/oshape")
+    both = lw.g.op("Max", [full, lw.g.op("Concat", [b_shape, lw.g.ints([1] * member)],
+                                         f"{label}/s3", axis=0)], f"{label}/oshape")
+    out = lw.g.op("Reshape", [picked, both], label)
+    return _out(lw, e, scope, roles, base.dtype, out, offset=base.offset)
+
+
+def _argsort_like(lw: Lowerer, e: Eqn, ins: list[V], scope: Scope) -> V:
+    x = lw.canonical(ins[0])
+    k = lw.size(x.own[-1])
+    _, idx = lw.g.node("TopK", [x.name, k], _label(e, scope, e.op), 2, axis=-1, largest=0,
+                       sorted=1)
+    return _out(lw, e, scope, x.roles, "int", idx, offset=1)
+
+
+def _argmax(lw: Lowerer, e: Eqn, ins: list[V], scope: Scope) -> V:
+    x = lw.canonical(ins[0])
+    out = lw.g.op("ArgMax", [x.name], _label(e, scope, "ArgMax"), axis=-1, keepdims=0)
+    return _out(lw, e, scope, x.roles, "int", out, offset=1)
+
+
+LOWER = {
+    **{op: _binary for op in ONNX_BINARY}, **{op: _unary for op in ONNX_UNARY},
+    "sum": _reduce, "mean": _reduce, "amax": _reduce, "matmul": _matmul,
+    "transpose": _transpose, "concat": _concat, "vconcat": _concat, "index": _index,
+    "iota": _iota, "broadcast_to": _broadcast_to, "select": _select,
+    "invperm": _argsort_like, "argsort": _argsort_like, "argmax": _argmax,
+}
+
+
+# ---------------------------------------------------------------- builtin modules
+# Each takes the callee's scope (its sizes bound) and the argument values; it returns the
+# results, or None to lower the module's own equations instead.
+
+
+def _lazy_mask(kind: str):
+    """Mask^AR stays symbolic so attention can run it as `is_causal`; Mask^BD ("no mask")
+    is skipped. Either becomes a tensor (the module's equations) when something needs it."""
+    def lower(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
+        fn = callee.fn
+        key = (fn.name, tuple(sorted((k, str(x)) for k, x in callee.env.items())))
+        if key in lw.memo:
+            return lw.memo[key][1]
+        shape = fn.outputs[0].type.shape
+        v = V("real", (), tuple(lw.ev(d, callee.env) for d in shape), kind=kind)
+        doc = lw.g.doc
+        v.lazy = lambda: lw.inline(callee, [], doc)
+        lw.memo[key] = ([], [v])
+        return [v]
+    return lower
+
+
+def _onehot(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
+    (x,) = ins
+    shape = callee.fn.outputs[0].type.shape
+    v = V("int", x.roles, tuple(lw.ev(d, callee.env) for d in shape), kind="onehot", ids=x)
+    v.lazy_lo = _int(callee.env["a"])
+    doc = lw.g.doc
+    v.lazy = lambda: lw.inline(callee, [x], doc)
+    return [v]
+
+
+def _softmax(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
+    x = lw.as_real(lw.canonical(ins[0]))
+    out = lw.g.op("Softmax", [x.name], callee.path, axis=-1)
+    v = V("real", x.roles, x.own, name=out, fam=x.fam)
+    lw.info(out, v)
+    lw.logits_of[id(v)] = x
+    return [v]
+
+
+def _layer_norm(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
+    if {p.name for p in callee.fn.params} != {"gamma", "beta"} or not ins[0].own:
+        return None
+    x = lw.as_real(lw.canonical(ins[0]))
+    gamma = lw.param(callee, "gamma", None).name
+    beta = lw.param(callee, "beta", None).name
+    eps = callee.env.get("eps")
+    eps = eps if isinstance(eps, float) else float(eps.const_value())
+    path = callee.path
+    node = lw.g.producer_of(x.name)
+    if lw.optimize == "ort" and node is not None and node.op == "Add" and not node.domain \
+            and len(x.roles) + len(x.own) == 3:
+        a, b = node.inputs
+        info = lw.g.value_info
+        if a in info and info.get(a) == info.get(b) == info.get(x.name):
+            # LN(a + b) with the sum kept for the residual path: one fused node where the
+            # sum was computed
+            out = lw.g.fresh(path)
+            lw.g.replace(x.name, Node("SkipLayerNormalization", [a, b, gamma, beta],
+                                      [out, "", "", x.name], out, lw.g.doc, ORT_DOMAIN,
+                                      {"epsilon": eps}))
+            v = V("real", x.roles, x.own, name=out, fam=x.fam)
+            lw.info(out, v)
+            return [v]
+    out = lw.g.op("LayerNormalization", [x.name, gamma, beta], path, axis=-1, epsilon=eps)
+    v = V("real", x.roles, x.own, name=out, fam=x.fam)
+    lw.info(out, v)
+    return [v]
+
+
+def _gelu(approximate: str):
+    def lower(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
+        x = lw.as_real(lw.canonical(ins[0]))
+        if lw.optimize == "ort":
+            # FastGelu is the tanh form; BiasGelu and Gelu (com.microsoft) the erf form
+            op = "FastGelu" if approximate == "tanh" else "BiasGelu"
+            args = [x.name]
+            node = lw.g.producer_of(x.name)
+            if node is not None and node.op == "Add" and not node.domain:
+                a, b = node.inputs
+                bias = lw.g.initializers.get(b)
+                if bias is not None and bias.ndim == 1 and a in lw.g.value_info:
+                    args = [a, b]
+            if op == "BiasGelu" and len(args) == 1:
+                op = "Gelu"
+            out = lw.g.op(op, args, callee.path, domain=ORT_DOMAIN)
+        elif lw.opset >= 20:
+            out = lw.g.op("Gelu", [x.name], callee.path, approximate=approximate)
+        else:
+            return None
+        v = V("real", x.roles, x.own, name=out, fam=x.fam)
+        lw.info(out, v)
+        return [v]
+    return lower
+
+
+def _concat_heads(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
+    (v,) = ins
+    if v.fam is None:
+        return None
+    packed = lw.packed_form(v)
+    return [V(v.dtype, tuple(r for r in v.roles if r is not v.fam),
+              v.own[:-1] + (v.fam.size * v.own[-1],), name=packed)]
+
+
+def _attention(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
+    """Softmax(Q K^T / sqrt(d) + Mask) V over all heads at once: ONNX's Attention op (opset
+    23) or onnxruntime's, else its equations with a safe softmax. A query whose mask is
+    -inf at every key attends to nothing and gets 0, as PyTorch's and ONNX's Attention do
+    (the literal formula would give 0/0)."""
+    q, k, v, mask = ins
+    causal = mask.kind == "causal" and q.own[0] == k.own[0]
+    fused = q.fam is not None and q.fam is k.fam is v.fam and q.roles == (lw.batch, q.fam) \
+        and k.roles == q.roles and v.roles == q.roles
+    bias = None
+    if fused and not causal and mask.kind != "nomask":
+        m = lw.as_real(lw.canonical(mask))
+        if all(r in q.roles for r in m.roles):
+            bias = lw.align(m, q.roles, 2, full=lw.optimize == "ort")
+        else:
+            fused = False
+    out_own = (q.own[0], v.own[-1])
+    path = callee.path
+    if fused and lw.optimize == "ort":
+        out = _ort_attention(lw, q, k, v, causal, bias, _int(q.fam.size), path)
+        if bias is not None:  # onnxruntime's kernels give NaN for a fully masked query
+            out = lw.g.op("Where", [lw.g.op("IsNaN", [out], f"{path}/masked"),
+                                    lw.g.const(0.0, "real"), out], f"{path}/safe")
+    elif fused and lw.opset >= 23:
+        heads = _int(q.fam.size)
+        inputs = [lw.packed_form(q), lw.packed_form(k), lw.packed_form(v)]
+        if bias is not None:
+            inputs.append(bias)
+        out = lw.g.op("Attention", inputs, path, is_causal=1 if causal else None,
+                      q_num_heads=heads, kv_num_heads=heads)
+    else:
+        return [_attention_equations(lw, callee, q, k, v, mask)]
+    res = V("real", q.roles, out_own, packed=out, fam=q.fam)
+    lw.info(out, res, packed=True)
+    return [res]
+
+
+def _attention_equations(lw: Lowerer, callee: Scope, q: V, k: V, v: V, mask: V) -> V:
+    path = callee.path
+    roles = lw.merge_roles(q, k, v, *([] if mask.kind == "nomask" else [mask]))
+    q, k, v = (lw.as_real(lw.canonical(x)) for x in (q, k, v))
+    kt = lw.g.op("Transpose", [lw.align(k, roles, 2, full=True)], f"{path}/K^T",
+                 perm=list(range(len(roles))) + [len(roles) + 1, len(roles)])
+    scores = lw.g.op("MatMul", [lw.align(q, roles, 2), kt], f"{path}/QK^T")
+    d = q.own[-1]
+    scale = lw.g.const(1.0 / float(d.const_value()) ** 0.5, "real") if d.is_const() else \
+        lw.g.op("Reciprocal", [lw.g.op("Sqrt", [lw.g.op("Cast", [lw.scalar_size(d)],
+                                                         f"{path}/d", to=1)], f"{path}/sqrt_d")],
+                f"{path}/scale")
+    scores = lw.g.op("Mul", [scores, scale], f"{path}/scaled")
+    safe = False
+    if mask.kind != "nomask":
+        safe = mask.kind != "causal"
+        m = lw.as_real(lw.canonical(mask))
+        scores = lw.g.op("Add", [scores, lw.align(m, roles, 2)], f"{path}/masked")
+    p = lw.g.op("Softmax", [scores], f"{path}/Softmax", axis=-1)
+    if safe:
+        p = lw.g.op("Where", [lw.g.op("IsNaN", [p], f"{path}/none"), lw.g.const(0.0, "real"),
+                              p], f"{path}/weights")
+    out = lw.g.op("MatMul", [p, lw.align(v, roles, 2)], path)
+    fam = q.fam if q.fam is not None and q.fam in roles else None
+    res = V("real", roles, (q.own[0], v.own[-1]), name=out, fam=fam)
+    lw.info(out, res)
+    return res
+
+
+def _ort_attention(lw: Lowerer, q: V, k: V, v: V, causal: bool, bias: str | None,
+                   heads: int, path: str) -> str:
+    """com.microsoft Attention when one input feeds the query, key and value projections
+    (their weights packed side by side: one GEMM), MultiHeadAttention otherwise."""
+    attrs = {"num_heads": heads, "unidirectional": 1 if causal else None}
+    same_x = q.kind == k.kind == v.kind == "proj" and q.lazy[0] is k.lazy[0] is v.lazy[0]
+    if not same_x:
+        if causal:
+            raise Unsupported("a causal mask over projections of different inputs")
+        inputs = [lw.packed_form(q), lw.packed_form(k), lw.packed_form(v)]
+        if bias is not None:
+            inputs += ["", "", bias]
+        return lw.g.op("MultiHeadAttention", inputs, path, domain=ORT_DOMAIN, **attrs)
+    x = lw.canonical(q.lazy[0])
+    ws = [lw.g.initializers[p.lazy[1]] for p in (q, k, v)]
+    h = ws[0].shape[0]
+    packed = np.concatenate([w.reshape(h, -1) for w in ws], axis=1)
+    names = ", ".join(p.lazy[1] for p in (q, k, v))
+    w = lw.g.initializer(f"{path}/W_QKV", packed, f"{names} side by side")
+    bs = [lw.g.initializers[p.lazy[2]].reshape(-1) if p.lazy[2] else
+          np.zeros(packed.shape[1] // 3, np.float32) for p in (q, k, v)]
+    b = lw.g.initializer(f"{path}/b_QKV", np.concatenate(bs))
+    inputs = [x.name, w, b]
+    if bias is not None:
+        inputs += ["", "", bias]
+    sizes = [a.shape[1] for a in (w.reshape(h, -1) for w in ws)]
+    if len(set(sizes)) > 1:
+        attrs["qkv_hidden_sizes"] = sizes
+    return lw.g.op("Attention", inputs, path, domain=ORT_DOMAIN, **attrs)
+
+
+BUILTIN = {
+    "Mask^AR": _lazy_mask("causal"), "Mask^AR_next": _lazy_mask("causal"),
+    "Mask^BD": _lazy_mask("nomask"), "OneHot": _onehot, "Softmax": _softmax,
+    "LN": _layer_norm, "GELU^tanh": _gelu("tanh"), "GELU^erf": _gelu("none"),
+    "Concat": _concat_heads, "Attention": _attention,
+}
+
+
+def lower(spec, preset: str | None = None, sets: dict | None = None, **options):
+    """The ONNX ModelProto for a spec at one configuration (weights inside), and the
+    lowering's record."""
+    cfg = spec.configure(preset, sets or {})
+    lw = Lowerer(spec, spec.symbolic(), cfg.values, preset=preset, **options)
+    return lw.lower()[0], lw
