@@ -301,16 +301,16 @@ class Model:
                 elif got != d:
                     raise RuntimeError_(f"input {name} has shape {list(x.shape)}; it takes "
                                         f"{_dims_text(spec['dims'])}")
-            x = x.astype(want, copy=False)
+            out[name] = np.ascontiguousarray(x.astype(want, copy=False))
+        for spec in self.inputs:
+            x = out[spec["name"]]
             if spec["dtype"] == "int" and x.size:
                 top = spec["hi"] - spec["lo"]
-                for d in spec["dims"]:
-                    if isinstance(d, str) and d != "batch" and spec["hi"] == self.max_length.get(d):
-                        top = lengths[d] - 1  # a position: within this run's length
+                if spec.get("hi_run") in lengths:  # a position: within this run's length
+                    top = lengths[spec["hi_run"]] - spec["lo"]
                 if x.min() < 0 or x.max() > top:
-                    raise RuntimeError_(f"input {name} holds values outside 0..{top} (0-based "
-                                        f"for {spec['lo']}..{spec['hi']})")
-            out[name] = np.ascontiguousarray(x)
+                    raise RuntimeError_(f"input {spec['name']} holds values outside 0..{top} "
+                                        f"(0-based for {spec['lo']}..{spec['hi']})")
         return out
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

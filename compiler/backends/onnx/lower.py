@@ -429,6 +429,7 @@ class Lowerer:
             numeric[h.name] = value.const_value()
             env[h.name] = Poly.sym(runtime_name[h.name]) if h.name in dyn_syms else value
         scope = Scope(None, env, penv, "", None, numeric)
+        self.run_env = env
         inputs = []
         for v in m.inputs:
             t = v.type
@@ -480,6 +481,9 @@ class Lowerer:
             if t.dtype == "int":
                 entry["lo"] = _int(self.ev(t.lo, penv))
                 entry["hi"] = _int(self.ev(t.hi, penv))
+                run_hi = self.ev(t.hi, self.run_env)
+                if not run_hi.is_const():  # a position: bounded by this run's length
+                    entry["hi_run"] = format_poly(run_hi)
                 entry["zero_based"] = True
                 entry["perm"] = bool(t.perm)
             ins.append(entry)
