@@ -153,11 +153,11 @@ def _compile_onnx(spec, cfg, preset, out_dir, weights, opset, optimize, external
                      optimize=None if optimize == "none" else optimize,
                      weights=imported.tensors if imported else None, seed=seed,
                      preset=preset)
-        model, blobs = lw.lower(DATA_FILE if external else None)
+        model, blobs = lw.lower(DATA_FILE if external else None, stream=not external)
     except Unsupported as e:
         raise FgcError(f"the ONNX backend cannot lower this spec: {e}", spec.model.span) \
             from None
-    files = write_onnx(model, blobs if external else None, out)
+    files = write_onnx(model, blobs, out, external)
     result = Compiled(out, files, total=cfg.total)
     if imported is not None:
         result.ignored, result.extras = imported.ignored, imported.extras
@@ -167,16 +167,17 @@ def _compile_onnx(spec, cfg, preset, out_dir, weights, opset, optimize, external
 DATA_FILE = "model.onnx.data"
 
 
-def write_onnx(model, blobs: list | None, out: Path) -> list[Path]:
+def write_onnx(model, blobs: list, out: Path, external: bool) -> list[Path]:
     """model.onnx (and model.onnx.data) written in a temporary folder inside `out`, then
     renamed into place; a stale data file from an earlier compile is removed."""
+    from .backends.onnx.graph import write_model
     tmp = Path(tempfile.mkdtemp(dir=out, prefix=".fgc-"))
     try:
         files = []
         with open(tmp / "model.onnx", "wb") as f:
-            f.write(model.SerializeToString())
+            write_model(f, model, [] if external else blobs)
         files.append("model.onnx")
-        if blobs is not None:
+        if external:
             with open(tmp / DATA_FILE, "wb") as f:
                 pos = 0
                 for offset, arr in blobs:
@@ -189,7 +190,7 @@ def write_onnx(model, blobs: list | None, out: Path) -> list[Path]:
             readable(str(tmp / name))
         for name in reversed(files):  # the data file first: model.onnx never points nowhere
             os.replace(tmp / name, out / name)
-        if blobs is None and (out / DATA_FILE).is_file():
+        if not external and (out / DATA_FILE).is_file():
             (out / DATA_FILE).unlink()
         return [out / name for name in files]
     finally:

@@ -115,9 +115,12 @@ class Graph:
     # -- the model
     def model(self, inputs: list[tuple[str, str, list]], outputs: list[tuple[str, str, list]],
               opset: int, name: str, doc: str, metadata: dict[str, str],
-              external: str | None = None) -> tuple[onnx.ModelProto, list]:
+              external: str | None = None, stream: bool = False,
+              ) -> tuple[onnx.ModelProto, list]:
         """The ModelProto, and with `external` (a file name) the initializers' bytes that go
-        to that file instead: [(offset, array)]; the proto then only points at them."""
+        to that file instead: [(offset, array)]; the proto then only points at them. With
+        `stream`, large initializers are left out of the proto and returned as
+        [(TensorProto without data, array)] for `write_model` to append."""
         nodes = [n for n in self.nodes if n is not None]
         used = {i for n in nodes for i in n.inputs}
         protos = []
@@ -144,6 +147,13 @@ class Graph:
                     entry.key, entry.value = key, value
                 blobs.append((offset, arr))
                 offset += arr.nbytes
+            elif stream and arr.nbytes >= EXTERNAL_MIN:
+                t = TensorProto(name=k, dims=arr.shape,
+                                data_type=helper.np_dtype_to_tensor_dtype(arr.dtype))
+                if k in self.init_doc:
+                    t.doc_string = self.init_doc[k]
+                blobs.append((t, arr))
+                continue
             else:
                 t = numpy_helper.from_array(arr, k)
             if k in self.init_doc:
@@ -173,3 +183,51 @@ class Graph:
 def ir_version(opset: int) -> int:
     """The oldest IR version that carries this opset: what onnxruntime reads most widely."""
     return helper.find_min_ir_version_for([helper.make_opsetid("", opset)], True)
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+_GRAPH = 7  # ModelProto.graph
+_INITIALIZER = 5  # GraphProto.initializer
+_RAW_DATA = 9  # TensorProto.raw_data
+
+
+def _tag(field: int) -> bytes:
+    return _varint(field << 3 | 2)  # length-delimited
+
+
+def write_model(f, model: onnx.ModelProto, blobs: list) -> None:
+    """Serialize `model` with the streamed initializers appended to its graph, writing
+    each array's bytes straight from memory: the same protobuf message as if they had been
+    in the graph (fields may come in any order), without copying 100s of MB through
+    protobuf. `blobs` is what Graph.model(stream=True) returned."""
+    graph = model.graph
+    head = graph.SerializeToString()
+    rest = onnx.ModelProto()
+    rest.CopyFrom(model)
+    rest.ClearField("graph")
+    pieces = []
+    total = len(head)
+    for t, arr in blobs:
+        meta = t.SerializeToString()
+        raw = _tag(_RAW_DATA) + _varint(arr.nbytes)
+        size = len(meta) + len(raw) + arr.nbytes
+        prefix = _tag(_INITIALIZER) + _varint(size) + meta + raw
+        pieces.append((prefix, arr))
+        total += len(prefix) + arr.nbytes
+    f.write(rest.SerializeToString())
+    f.write(_tag(_GRAPH) + _varint(total))
+    f.write(head)
+    for prefix, arr in pieces:
+        f.write(prefix)
+        f.write(memoryview(np.ascontiguousarray(arr)).cast("B"))

@@ -402,8 +402,9 @@ class Lowerer:
         return self.g.op("Add", [v.name, self.g.const(shift, "int")], f"{v.name}/index")
 
     # ---------------------------------------------------------------- the model
-    def lower(self, external: str | None = None):
-        """The ModelProto (and, with `external`, the bytes for that file: see Graph.model)."""
+    def lower(self, external: str | None = None, stream: bool = False):
+        """The ModelProto (and, with `external` or `stream`, the initializers kept out of
+        it: see Graph.model)."""
         m = self.model
         env: dict = {}
         penv: dict = {}
@@ -470,7 +471,8 @@ class Lowerer:
         doc = f"{m.name}, compiled by fgc from {self.spec.path.rsplit('/', 1)[-1]}" + \
             (f" (preset {self.preset})" if self.preset else "")
         self.g.nodes = self._live(self.g.nodes, {n for n, _, _ in graph_outputs})
-        return self.g.model(inputs, graph_outputs, self.opset, m.name, doc, meta, external)
+        return self.g.model(inputs, graph_outputs, self.opset, m.name, doc, meta, external,
+                            stream)
 
     def metadata(self, m: ir.Model, penv: dict, inputs, outputs) -> dict[str, str]:
         ins = []
