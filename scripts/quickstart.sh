@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Set up fgc in .venv and run the main job on shipped specs: check, count, compile.
+# Set up fgc in .venv and run the main job on shipped specs: check, count, compile (PyTorch
+# and ONNX) and run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -16,3 +17,5 @@ probs = model(torch.randint(0, m.V, (1, 8)))
 print('out/gpt2/model.py:', sum(p.numel() for p in model.parameters()), 'parameters;',
       'probabilities', tuple(probs.shape))
 "
+.venv/bin/fgc compile specs/gpt2.fgpt --target onnx --preset small --optimize ort -o out/gpt2-onnx
+.venv/bin/fgc run out/gpt2-onnx --tokens 464,2068,7586,21831
