@@ -878,11 +878,17 @@ def _concat(lw: Lowerer, e: Eqn, ins: list[V], scope: Scope) -> V:
         raise Unsupported("concat of a family together with other values")
     roles = lw.merge_roles(*ins)
     rank = _rank(lw, e, scope)
+    ins = [lw.canonical(v) for v in ins]
     dtype = "real" if any(v.dtype == "real" for v in ins) else ins[0].dtype
-    vals = [lw.align(lw.as_real(v) if dtype == "real" else v, roles, rank) for v in ins]
+    offset = ins[0].offset if len({v.offset for v in ins}) == 1 else 0
+    if dtype == "real":
+        ins = [lw.as_real(v) for v in ins]
+    elif dtype == "int" and offset == 0:  # different offsets: join the spec's values
+        ins = [V("int", v.roles, v.own, name=lw.math(v)) for v in ins]
+    vals = [lw.align(v, roles, rank) for v in ins]
     axis = -1 if e.op == "concat" else -rank
     out = lw.g.op("Concat", vals, _label(e, scope, "Concat"), axis=axis)
-    return _out(lw, e, scope, roles, dtype, out)
+    return _out(lw, e, scope, roles, dtype, out, offset=offset if dtype == "int" else 0)
 
 
 def _iota(lw: Lowerer, e: Eqn, ins: list[V], scope: Scope) -> V:

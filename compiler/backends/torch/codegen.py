@@ -422,6 +422,10 @@ class Body:
             if e.op != "cond":
                 for v in ins:
                     v.expr = self.gen.maybe_mask(self, v, v.type)
+            if e.op not in ("index", "invperm"):
+                for v in ins:  # ids are held 0-based; arithmetic sees the spec's values
+                    if v.raw_lo is not None:
+                        v.expr, v.raw_lo = _math(self, v), None
             exprs = [lowering(self, e, ins, Layout(lead, fam_out or any(v.layout.fam
                                                                            for v in ins),
                                                    out_rank))]
