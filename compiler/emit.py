@@ -170,7 +170,7 @@ DATA_FILE = "model.onnx.data"
 def write_onnx(model, blobs: list, out: Path, external: bool) -> list[Path]:
     """model.onnx (and model.onnx.data) written in a temporary folder inside `out`, then
     renamed into place; a stale data file from an earlier compile is removed."""
-    from .backends.onnx.graph import write_model
+    from .backends.onnx.graph import write_data, write_model
     tmp = Path(tempfile.mkdtemp(dir=out, prefix=".fgc-"))
     try:
         files = []
@@ -179,12 +179,7 @@ def write_onnx(model, blobs: list, out: Path, external: bool) -> list[Path]:
         files.append("model.onnx")
         if external:
             with open(tmp / DATA_FILE, "wb") as f:
-                pos = 0
-                for offset, arr in blobs:
-                    if offset > pos:
-                        f.write(b"\0" * (offset - pos))
-                    f.write(memoryview(np_contiguous(arr)).cast("B"))
-                    pos = offset + arr.nbytes
+                write_data(f, blobs)
             files.append(DATA_FILE)
         for name in files:
             readable(str(tmp / name))
@@ -196,7 +191,3 @@ def write_onnx(model, blobs: list, out: Path, external: bool) -> list[Path]:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
-
-def np_contiguous(arr):
-    import numpy as np
-    return np.ascontiguousarray(arr)

@@ -17,12 +17,11 @@ they part). Rows that reveal a backend bug are xfail(strict=True), the bug in th
 
 from __future__ import annotations
 
-import importlib.util
-import itertools
 from pathlib import Path
 
 import numpy as np
 import pytest
+from test_torch_backend import import_model
 
 from compiler import ir
 from compiler.emit import compile_spec
@@ -280,16 +279,6 @@ ROWS = [
 
 
 # ---------------------------------------------------------------- helpers
-
-_counter = itertools.count()
-
-
-def import_model(path: Path):
-    spec_ = importlib.util.spec_from_file_location(f"fgc_prim_{next(_counter)}", path)
-    module = importlib.util.module_from_spec(spec_)
-    spec_.loader.exec_module(module)
-    return module
-
 
 def inputs_for(cfg, symbolic, seed: int = 0) -> list:
     """Inputs of the spec's types with n = T: tokens 0-based, permutations of 0..T-1, one

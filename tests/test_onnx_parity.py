@@ -10,13 +10,12 @@ transformers checkpoint's own tensors and compared with transformers directly.
 
 from __future__ import annotations
 
-import importlib.util
-import itertools
 import math
 
 import numpy as np
 import pytest
 from conftest import ROOT, all_specs
+from test_torch_backend import import_model
 
 from compiler.backends.onnx.lower import Lowerer
 from compiler.emit import compile_spec
@@ -32,7 +31,6 @@ TINY = {"L": 2, "H": 16, "A": 2, "V": 50, "n": 8}
 EXTRA = {"specs/formal/gpt3.fgpt": {"D": 5, "w": 3}}
 VARIANTS = [("opset23", 23, None), ("opset18", 18, None), ("ort", 23, "ort")]
 LEVELS = {"all": "ORT_ENABLE_ALL", "off": "ORT_DISABLE_ALL"}
-_count = itertools.count()
 
 
 def session(model, level: str = "all"):
@@ -70,10 +68,7 @@ def torch_model(tmp_path_factory):
             cfg = load(str(ROOT / spec)).configure(None, sets)
             out = tmp_path_factory.mktemp("torch")
             compile_spec(str(ROOT / spec), str(out), "torch", None, sets)
-            s = importlib.util.spec_from_file_location(f"fgc_onnx_ref_{next(_count)}",
-                                                       out / "model.py")
-            mod = importlib.util.module_from_spec(s)
-            s.loader.exec_module(mod)
+            mod = import_model(out / "model.py")
             torch.manual_seed(0)
             model = mod.build().eval()
             with torch.no_grad():  # std 0.02 would make every output nearly uniform
@@ -228,10 +223,7 @@ def test_causal_mask_with_a_shorter_query(variant, tmp_path):
     path = tmp_path / "short.fgpt"
     path.write_text(SHORT_QUERY)
     compile_spec(str(path), str(tmp_path / "t"), "torch")
-    s = importlib.util.spec_from_file_location(f"fgc_short_{next(_count)}",
-                                               tmp_path / "t" / "model.py")
-    mod = importlib.util.module_from_spec(s)
-    s.loader.exec_module(mod)
+    mod = import_model(tmp_path / "t" / "model.py")
     torch.manual_seed(1)
     model = mod.build().eval()
     with torch.no_grad():

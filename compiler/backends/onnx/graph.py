@@ -137,8 +137,7 @@ class Graph:
             if k not in used:
                 continue
             if external and arr.nbytes >= EXTERNAL_MIN:
-                t = TensorProto(name=k, dims=arr.shape,
-                                data_type=helper.np_dtype_to_tensor_dtype(arr.dtype))
+                t = _header(k, arr, self.init_doc.get(k, ""))
                 offset = -(-offset // ALIGN) * ALIGN
                 t.data_location = TensorProto.EXTERNAL
                 for key, value in (("location", external), ("offset", str(offset)),
@@ -148,16 +147,11 @@ class Graph:
                 blobs.append((offset, arr))
                 offset += arr.nbytes
             elif stream and arr.nbytes >= EXTERNAL_MIN:
-                t = TensorProto(name=k, dims=arr.shape,
-                                data_type=helper.np_dtype_to_tensor_dtype(arr.dtype))
-                if k in self.init_doc:
-                    t.doc_string = self.init_doc[k]
-                blobs.append((t, arr))
+                blobs.append((_header(k, arr, self.init_doc.get(k, "")), arr))
                 continue
             else:
                 t = numpy_helper.from_array(arr, k)
-            if k in self.init_doc:
-                t.doc_string = self.init_doc[k]
+                t.doc_string = self.init_doc.get(k, "")
             inits.append(t)
         graph_inputs = [helper.make_tensor_value_info(n, DTYPES[d], dims)
                         for n, d, dims in inputs]
@@ -183,6 +177,22 @@ class Graph:
 def ir_version(opset: int) -> int:
     """The oldest IR version that carries this opset: what onnxruntime reads most widely."""
     return helper.find_min_ir_version_for([helper.make_opsetid("", opset)], True)
+
+
+def _header(name: str, arr: np.ndarray, doc: str) -> TensorProto:
+    """A tensor's name, type and shape, without its data."""
+    return TensorProto(name=name, dims=arr.shape, doc_string=doc,
+                       data_type=helper.np_dtype_to_tensor_dtype(arr.dtype))
+
+
+def write_data(f, blobs: list) -> None:
+    """The external-data file: each array at its offset (Graph.model(external=...))."""
+    pos = 0
+    for offset, arr in blobs:
+        if offset > pos:
+            f.write(b"\0" * (offset - pos))
+        f.write(memoryview(np.ascontiguousarray(arr)).cast("B"))
+        pos = offset + arr.nbytes
 
 
 def _varint(n: int) -> bytes:

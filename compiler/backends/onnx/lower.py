@@ -73,10 +73,6 @@ class V:
     lazy_lo: int = 1  # onehot: the first id (OneHot over lo..hi)
 
 
-def _is_const(p: Poly) -> bool:
-    return p.is_const()
-
-
 def _int(p: Poly) -> int:
     c = p.const_value()
     if c.denominator != 1:
@@ -125,11 +121,9 @@ class Lowerer:
         self.roles = 0
         self.batch = self._role(Poly.sym("batch"), "batch")
         self.params: dict[str, str] = {}  # full parameter path -> initializer
-        self.arrays: dict[str, np.ndarray] = {}
         self.memo: dict[tuple, list[V]] = {}
         self.dynamic: dict[str, tuple[str, int]] = {}  # size symbol -> (input, axis)
         self.runtime: dict[str, str] = {}  # run-time size symbol -> int64[1] tensor
-        self.used_weights: set[str] = set()
         self.logits_of: dict[int, V] = {}  # id(Softmax result) -> its input
         self.max_length: dict[str, int] = {}  # run-time size -> the spec's maximum
 
@@ -185,17 +179,12 @@ class Lowerer:
         return self.g.op("Squeeze", [self.size(p), self.g.ints([0])], "size/scalar")
 
     def runtime_size(self, s: str) -> str:
+        """The int64[1] tensor of a run-time length, read once off the input that has it."""
         if s not in self.runtime:
-            if s == "batch":
-                inp, axis = next(iter(self.dynamic.values()), (None, 0))
-                axis = 0
-                if inp is None:
-                    inp = self.model.inputs[0].name
-            else:
-                inp, axis = self.dynamic[s]
+            inp, axis = self.dynamic[s]
             saved = self.g.doc
-            self.g.doc = f"the run's {'batch size' if s == 'batch' else 'sequence length'}"
-            self.runtime[s] = self.g.op("Shape", [inp], f"{s}", start=axis, end=axis + 1)
+            self.g.doc = "the run's sequence length"
+            self.runtime[s] = self.g.op("Shape", [inp], s, start=axis, end=axis + 1)
             self.g.doc = saved
         return self.runtime[s]
 
@@ -237,7 +226,6 @@ class Lowerer:
             arr = self.weights[key]
             if tuple(arr.shape) != shape:
                 raise Unsupported(f"`{key}` has shape {list(arr.shape)}, expected {list(shape)}")
-            self.used_weights.add(key)
             return np.ascontiguousarray(arr, dtype=np.float32)
         kind = init_kind(p.name)
         if kind == "ones":
@@ -259,7 +247,6 @@ class Lowerer:
             if fam is not None:
                 stored = family_layout(stored, _int(fam))
             arr = self.param_array(key, p, tuple(stored))
-            self.arrays[key] = arr
             what = f"{p.declared or p.name}: R[{', '.join(format_poly(d) for d in t.shape)}]"
             if fam is not None:
                 what += f" for each of {_int(fam)}, stored {tuple(stored)}"
@@ -1249,7 +1236,7 @@ def _ort_attention(lw: Lowerer, q: V, k: V, v: V, causal: bool, bias: str | None
     inputs = [x.name, w, b]
     if bias is not None:
         inputs += ["", "", bias]
-    sizes = [a.shape[1] for a in (w.reshape(h, -1) for w in ws)]
+    sizes = [a.size // h for a in ws]
     if len(set(sizes)) > 1:
         attrs["qkv_hidden_sizes"] = sizes
     return lw.g.op("Attention", inputs, path, domain=ORT_DOMAIN, **attrs)
@@ -1262,10 +1249,3 @@ BUILTIN = {
     "Concat": _concat_heads, "Attention": _attention,
 }
 
-
-def lower(spec, preset: str | None = None, sets: dict | None = None, **options):
-    """The ONNX ModelProto for a spec at one configuration (weights inside), and the
-    lowering's record."""
-    cfg = spec.configure(preset, sets or {})
-    lw = Lowerer(spec, spec.symbolic(), cfg.values, preset=preset, **options)
-    return lw.lower()[0], lw
