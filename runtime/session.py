@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+from runtime.protoscan import ModelSummary, WireError, scan
+
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
 TENSORRT = "TensorrtExecutionProvider"
@@ -87,27 +89,22 @@ def choose_providers(request: str = "auto") -> tuple[list[str], str]:
 # ---------------------------------------------------------------- checking the files
 
 
-def check_model_file(path: Path):
-    """Parse the graph (not the weights) and check every external-data reference: a plain
-    relative name inside the model's folder, in a file long enough for it."""
-    import onnx
-    from google.protobuf.message import DecodeError
+def check_model_file(path: Path) -> ModelSummary:
+    """Read the model's structure (not its weights) and check every external-data reference:
+    a plain relative name inside the model's folder, in a file long enough for it."""
     if not path.is_file():
         raise RuntimeError_(f"{path} does not exist")
     try:
-        proto = onnx.load(str(path), load_external_data=False)
-    except (DecodeError, ValueError, OSError, RuntimeError) as e:
+        summary = scan(path)
+    except (WireError, OSError) as e:
         raise RuntimeError_(f"{path} is not a readable ONNX model (corrupt or truncated?): "
-                            f"{type(e).__name__}: {str(e)[:200]}") from None
-    if not proto.graph.node and not proto.graph.output:
+                            f"{e}") from None
+    if not summary.nodes and not summary.outputs:
         raise RuntimeError_(f"{path} holds no graph (corrupt or truncated?)")
     folder = path.parent.resolve()
     sizes: dict[Path, int] = {}
-    for t in _tensors(proto.graph):
-        if t.data_location != 1:  # TensorProto.EXTERNAL
-            continue
-        info = {e.key: e.value for e in t.external_data}
-        loc = info.get("location", "")
+    for t in summary.external:
+        loc = t.location
         target = (folder / loc).resolve()
         if not loc or os.path.isabs(loc) or ".." in Path(loc).parts or \
                 folder not in target.parents:
@@ -118,21 +115,11 @@ def check_model_file(path: Path):
                 raise RuntimeError_(f"{path}: tensor `{t.name}` is stored in {loc}, which is "
                                     "missing")
             sizes[target] = target.stat().st_size
-        end = int(info.get("offset", 0)) + int(info.get("length", 0))
+        end = t.offset + t.length
         if end > sizes[target]:
             raise RuntimeError_(f"{path}: tensor `{t.name}` ends at byte {end:,} but {loc} has "
                                 f"{sizes[target]:,} (truncated?)")
-    return proto
-
-
-def _tensors(graph):
-    yield from graph.initializer
-    for node in graph.node:
-        for a in node.attribute:
-            if a.HasField("t"):
-                yield a.t
-            for g in list(a.graphs) + ([a.g] if a.HasField("g") else []):
-                yield from _tensors(g)
+    return summary
 
 
 # ---------------------------------------------------------------- the model
@@ -146,13 +133,10 @@ class Model:
         folder = Path(folder)
         path = folder / "model.onnx" if folder.is_dir() else folder
         self.path = path
-        proto = check_model_file(path)
-        self.meta = {p.key: p.value for p in proto.metadata_props}
-        self.inputs = json.loads(self.meta.get("fgc.inputs", "[]")) or [
-            _io_of(v) for v in proto.graph.input]
-        self.outputs = [o.name for o in proto.graph.output]
+        summary = check_model_file(path)
+        self.meta = summary.metadata
+        self.outputs = summary.outputs
         self.max_length = json.loads(self.meta.get("fgc.max_length", "{}"))
-        del proto
         providers, self.reason = choose_providers(provider)
         opts = ort.SessionOptions()
         if threads:
@@ -167,6 +151,8 @@ class Model:
             self.session = ort.InferenceSession(str(load_path), opts, providers=providers)
         except Exception as e:  # noqa: BLE001 - onnxruntime's errors are one class per cause
             raise RuntimeError_(f"onnxruntime cannot load {path}: {str(e)[:300]}") from None
+        self.inputs = json.loads(self.meta.get("fgc.inputs", "[]")) or [
+            _io_of(v) for v in self.session.get_inputs()]
         self.provider = self.session.get_providers()[0]
         if self.provider != providers[0]:
             self.reason = f"{providers[0]} did not start; falling back to {self.provider}"
@@ -196,11 +182,12 @@ class Model:
         if not os.access(self.path.parent, os.W_OK):
             return self.path
         opts.optimized_model_filepath = str(cached)
-        if data.exists():
-            opts.add_session_config_entry(
-                "session.optimized_model_external_initializers_file_name", cached.name + ".data")
-            opts.add_session_config_entry(
-                "session.optimized_model_external_initializers_min_size_in_bytes", "1024")
+        # Weights beside the cached graph, not inside it: onnxruntime then maps them from
+        # disk instead of parsing a protobuf the size of the model.
+        opts.add_session_config_entry(
+            "session.optimized_model_external_initializers_file_name", cached.name + ".data")
+        opts.add_session_config_entry(
+            "session.optimized_model_external_initializers_min_size_in_bytes", "1024")
         self._stamp = (stamp_file, known, tag, stamp)
         return self.path
 
@@ -343,11 +330,13 @@ def _stamp(p: Path) -> list:
     return [st.st_size, st.st_mtime_ns]
 
 
-def _io_of(v) -> dict:
-    t = v.type.tensor_type
-    dims = [d.dim_param or d.dim_value for d in t.shape.dim]
-    dtype = {1: "real", 7: "int", 9: "bool"}.get(t.elem_type, "real")
-    return {"name": v.name, "dtype": dtype, "dims": dims, "lo": 0, "hi": 2**62}
+def _io_of(arg) -> dict:
+    """An input of a model fgc did not write, described from onnxruntime's view of it."""
+    dims = [d if isinstance(d, int) else d or "batch" if i == 0 else d or f"d{i}"
+            for i, d in enumerate(arg.shape)]
+    dtype = {"tensor(int64)": "int", "tensor(int32)": "int", "tensor(bool)": "bool"}.get(
+        arg.type, "real")
+    return {"name": arg.name, "dtype": dtype, "dims": dims, "lo": 0, "hi": 2**62}
 
 
 def _dims_text(dims: list) -> str:

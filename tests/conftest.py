@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -14,7 +16,9 @@ from hypothesis import HealthCheck, settings
 ROOT = Path(__file__).resolve().parent.parent
 
 # the parse cache of this run lives with the run, not in the user's ~/.cache
-os.environ.setdefault("XDG_CACHE_HOME", tempfile.mkdtemp(prefix="fgc-test-cache-"))
+if "XDG_CACHE_HOME" not in os.environ:
+    os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="fgc-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["XDG_CACHE_HOME"], True)
 SPECS = ROOT / "specs"
 
 settings.register_profile("ci", derandomize=True, max_examples=60, deadline=None,

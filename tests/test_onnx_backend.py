@@ -364,3 +364,47 @@ def test_second_session_uses_the_cached_graph(tmp_path):
     # recompiling invalidates the cache
     compile_spec("specs/gpt2.fgpt", str(tmp_path), "onnx", None, {**TINY, "L": 1})
     assert not load(tmp_path, provider="cpu").cached
+
+
+# ---------------------------------------------------------------- reading a model's structure
+
+
+def test_protoscan_agrees_with_onnx(tmp_path):
+    """The runtime's wire-format reader finds what onnx.load finds: metadata, outputs and
+    every external-data reference, without decoding the weights."""
+    from runtime.protoscan import scan
+    compile_spec("specs/gpt2.fgpt", str(tmp_path), "onnx", None, TINY, external_data=True)
+    path = tmp_path / "model.onnx"
+    proto = onnx.load(str(path), load_external_data=False)
+    summary = scan(path)
+    assert summary.metadata == {p.key: p.value for p in proto.metadata_props}
+    assert summary.outputs == [o.name for o in proto.graph.output]
+    assert summary.nodes == len(proto.graph.node)
+    want = []
+    for t in proto.graph.initializer:
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            info = {e.key: e.value for e in t.external_data}
+            want.append((t.name, info["location"], int(info.get("offset", 0)),
+                         int(info["length"])))
+    assert want and [(e.name, e.location, e.offset, e.length) for e in summary.external] == want
+
+
+@pytest.mark.parametrize("fraction", [0.05, 0.3, 0.5, 0.9, 0.999])
+def test_protoscan_refuses_truncations(tmp_path, compiled, fraction):
+    from runtime.protoscan import WireError, scan
+    good = (compiled("specs/gpt2.fgpt") / "model.onnx").read_bytes()
+    path = tmp_path / "model.onnx"
+    path.write_bytes(good[: int(len(good) * fraction)])
+    with pytest.raises(WireError):
+        scan(path)
+
+
+def test_cached_graph_keeps_weights_beside_it(tmp_path):
+    """The optimised graph is cached with its weights in a side file, which onnxruntime maps
+    instead of parsing; the cached graph's references pass the same checks."""
+    compile_spec("specs/gpt2.fgpt", str(tmp_path), "onnx", None, TINY)
+    load(tmp_path, provider="cpu").run({"x": np.array([[1, 2, 3]])})
+    assert (tmp_path / "model.cpu.opt.onnx.data").is_file()
+    cached = onnx.load(str(tmp_path / "model.cpu.opt.onnx"), load_external_data=False)
+    assert any(t.data_location == onnx.TensorProto.EXTERNAL for t in cached.graph.initializer)
+    assert load(tmp_path, provider="cpu").cached
