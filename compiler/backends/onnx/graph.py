@@ -78,6 +78,21 @@ class Graph:
         k = self.producer.get(tensor)
         return self.nodes[k] if k is not None else None
 
+    def rename(self, tensor: str, new: str) -> bool:
+        """Give a node's output the name `new` (a graph output's, reserved up front), so the
+        output needs no Identity copy; False when no node makes `tensor`."""
+        k = self.producer.get(tensor)
+        if k is None or self.nodes[k] is None:
+            return False
+        for node in self.nodes:
+            if node is not None:
+                node.inputs = [new if t == tensor else t for t in node.inputs]
+                node.outputs = [new if t == tensor else t for t in node.outputs]
+        self.producer[new] = self.producer.pop(tensor)
+        if tensor in self.value_info:
+            self.value_info[new] = self.value_info.pop(tensor)
+        return True
+
     def replace(self, tensor: str, node: Node) -> None:
         """Put `node` where the producer of `tensor` was (it must compute `tensor` too)."""
         k = self.producer[tensor]

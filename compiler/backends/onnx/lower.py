@@ -443,16 +443,27 @@ class Lowerer:
                 self.eqn(item, scope)
         graph_outputs: list[tuple[str, str, list]] = []
         taken = {v.name for v in m.inputs} | {o.name for o in m.outputs}
+        renamed: dict[str, str] = {}  # tensor -> the graph output it became
+
+        def output(tensor: str, name: str) -> None:
+            """The graph output `name` is `tensor`: its producer's output renamed when a
+            node computes it, otherwise (an input, a weight, a second output) a copy."""
+            if tensor in renamed or tensor in self.g.initializers or not self.g.rename(
+                    tensor, name):
+                self.g.node("Identity", [renamed.get(tensor, tensor)], name, exact=True)
+            else:
+                renamed[tensor] = name
+
         for o in m.outputs:
             v = self.canonical(scope.vals[o.name])
             logits = self.logits_of.get(id(scope.vals[o.name]))
             if v.dtype == "int":
                 v = V("int", v.roles, v.own, name=self.math(v))
-            self.g.node("Identity", [v.name], o.name, exact=True)
+            output(v.name, o.name)
             graph_outputs.append((o.name, v.dtype, self.dims(v)))
             if logits is not None and len(m.outputs) == 1 and "logits" not in taken:
                 # users train on the logits: the input of the final Softmax, as a 2nd output
-                self.g.node("Identity", [logits.name], "logits", exact=True)
+                output(logits.name, "logits")
                 graph_outputs.append(("logits", "real", self.dims(logits)))
         meta = self.metadata(m, penv, inputs, graph_outputs)
         doc = f"{m.name}, compiled by fgc from {self.spec.path.rsplit('/', 1)[-1]}" + \
