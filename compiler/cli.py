@@ -71,6 +71,19 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--top", type=int, default=5, metavar="K",
                    help="how many of the most likely ids to show (default 5)")
 
+    d = sub.add_parser("diff", help="how two architectures differ (exit 0 equivalent, "
+                       "1 different, 2 trouble)")
+    d.add_argument("a", metavar="A.fgpt")
+    d.add_argument("b", metavar="B.fgpt")
+    d.add_argument("--preset", metavar="P", help="a preset for both sides")
+    d.add_argument("--set", metavar="K=V", action="append", default=[],
+                   help="override a hyperparameter on both sides (repeatable)")
+    for s in ("a", "b"):
+        d.add_argument(f"--preset-{s}", metavar="P", help=f"a preset for {s.upper()} only")
+        d.add_argument(f"--set-{s}", metavar="K=V", action="append", default=[],
+                       help=f"override a hyperparameter of {s.upper()} only")
+    d.add_argument("--format", choices=["text", "json"], default="text")
+
     r = sub.add_parser("ir", help="print the elaborated IR")
     r.add_argument("file", metavar="FILE")
     _config_args(r)
@@ -98,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return {"check": cmd_check, "params": cmd_params, "ir": cmd_ir,
-                "compile": cmd_compile, "run": cmd_run}[args.command](args)
+                "compile": cmd_compile, "run": cmd_run, "diff": cmd_diff}[args.command](args)
     except BrokenPipeError:
         return EXIT_OK
     except KeyboardInterrupt:
@@ -412,6 +425,43 @@ def _num(v) -> str:
     if isinstance(v, int):
         return f"{v:,}" if abs(v) >= 10_000 else str(v)
     return repr(v)
+
+
+# ---------------------------------------------------------------- fgc diff
+
+
+def cmd_diff(args) -> int:
+    """Exit 0 when the two are equivalent, 1 when they differ, 2 on any trouble (as diff)."""
+    from argparse import Namespace
+
+    from .diff import Side, compare, format_text
+    from .errors import FgcError
+    from .table import use_color
+    sides = []
+    for key, path in (("a", args.a), ("b", args.b)):
+        spec, code = _load(path)
+        if spec is None:
+            return EXIT_USAGE
+        if not spec.file.models:
+            print(f"fgc: {path} defines modules but no model", file=sys.stderr)
+            return EXIT_USAGE
+        ns = Namespace(preset=getattr(args, f"preset_{key}") or args.preset,
+                       set=args.set + getattr(args, f"set_{key}"))
+        cfg, code = _configure(spec, ns)
+        if cfg is None:
+            return EXIT_USAGE
+        try:
+            sym = spec.symbolic()
+        except FgcError as e:
+            _print_diagnostics(e.diagnostics, spec.sources)
+            return EXIT_USAGE
+        sides.append(Side(key, path, spec, sym, cfg))
+    report = compare(*sides)
+    if args.format == "json":
+        print(json.dumps(report, indent=2))
+    else:
+        print(format_text(report, use_color()))
+    return EXIT_OK if report["equivalent"] else EXIT_SPEC
 
 
 # ---------------------------------------------------------------- fgc compile
