@@ -10,9 +10,10 @@ its section is expanded where it is used, so naming a sub-expression is no chang
 Statements are then matched section by section (embedding, layers, output): equal terms
 first, then by name or role (the value a layer carries, the k-th output) for the ones that
 changed, repeating until nothing more matches, so a change upstream does not make every
-later statement look changed; what is left pairs up in order when both sides have as many. Renaming a local value or reordering independent equations
-therefore changes nothing; moving a LayerNorm from a sub-block's output to its input
-changes one statement, and the note under it says so.
+later statement look changed; what is left pairs up in order when both sides have as
+many. Renaming a local value or reordering independent equations therefore changes
+nothing; moving a LayerNorm from a sub-block's output to its input changes one statement,
+and the note under it says so.
 
 Around the equations: hyperparameters, inputs, outputs, parameters with their shapes, the
 modules used (a module of the same name whose definition differs is shown with its lines),
