@@ -84,6 +84,15 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"override a hyperparameter of {s.upper()} only")
     d.add_argument("--format", choices=["text", "json"], default="text")
 
+    w = sub.add_parser("render", help="typeset a spec: LaTeX boxes, a Markdown summary, or a "
+                       "Graphviz diagram (DOT, or SVG with Graphviz installed)")
+    w.add_argument("file", metavar="SPEC")
+    w.add_argument("--to", choices=["latex", "markdown", "dot", "svg"], required=True)
+    _config_args(w)
+    w.add_argument("--stdlib", action="store_true",
+                   help="latex: also box the standard-library modules the model uses")
+    w.add_argument("-o", "--out", metavar="FILE", help="write here (default: standard output)")
+
     r = sub.add_parser("ir", help="print the elaborated IR")
     r.add_argument("file", metavar="FILE")
     _config_args(r)
@@ -111,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return {"check": cmd_check, "params": cmd_params, "ir": cmd_ir,
-                "compile": cmd_compile, "run": cmd_run, "diff": cmd_diff}[args.command](args)
+                "compile": cmd_compile, "run": cmd_run, "diff": cmd_diff,
+                "render": cmd_render}[args.command](args)
     except BrokenPipeError:
         return EXIT_OK
     except KeyboardInterrupt:
@@ -462,6 +472,68 @@ def cmd_diff(args) -> int:
     else:
         print(format_text(report, use_color()))
     return EXIT_OK if report["equivalent"] else EXIT_SPEC
+
+
+# ---------------------------------------------------------------- fgc render
+
+
+def cmd_render(args) -> int:
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    from . import render
+    from .errors import FgcError
+    spec, code = _load(args.file)
+    if spec is None:
+        return code
+    chosen = args.preset is not None or bool(args.set)
+    cfg = None
+    if spec.file.models:
+        cfg, code = _configure(spec, args)
+        if cfg is None:
+            return code
+    elif args.to != "latex":
+        print(f"fgc: {args.file} defines modules but no model; --to {args.to} draws a model",
+              file=sys.stderr)
+        return EXIT_SPEC
+    try:
+        sym = spec.symbolic() if spec.file.models else None
+    except FgcError as e:
+        _print_diagnostics(e.diagnostics, spec.sources)
+        return EXIT_SPEC
+    if args.to == "latex":
+        text = render.latex(spec, sym, stdlib=args.stdlib)
+    elif args.to == "markdown":
+        text = render.markdown(spec, cfg, params_report(spec, cfg, sym))
+    else:
+        text = render.dot(spec, cfg if chosen else sym)
+        if args.to == "svg":
+            exe = shutil.which("dot")
+            if exe is None:
+                print("fgc: error: --to svg needs Graphviz's `dot` (Debian: apt install "
+                      "graphviz); --to dot writes the graph without it", file=sys.stderr)
+                return EXIT_SPEC
+            r = subprocess.run([exe, "-Tsvg"], input=text, capture_output=True, text=True,
+                               timeout=120)
+            if r.returncode != 0:
+                print(f"fgc: error: Graphviz failed: {r.stderr.strip()[:300]}",
+                      file=sys.stderr)
+                return EXIT_INTERNAL
+            text = r.stdout
+    if args.out is None:
+        sys.stdout.write(text)
+        return EXIT_OK
+    out = Path(args.out)
+    try:
+        tmp = out.with_name(f".{out.name}.fgc-tmp")
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(out)
+    except OSError as e:
+        print(f"fgc: error: cannot write {out}: {e.strerror or e}", file=sys.stderr)
+        return EXIT_SPEC
+    print(f"wrote {out}", file=sys.stderr)
+    return EXIT_OK
 
 
 # ---------------------------------------------------------------- fgc compile
