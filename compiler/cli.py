@@ -325,7 +325,8 @@ def cmd_params(args) -> int:
     if args.format == "json":
         print(json.dumps(report, indent=2))
     else:
-        print(format_params_text(report, args.by_module))
+        from .table import use_color
+        print(format_params_text(report, args.by_module, use_color()))
     return EXIT_OK
 
 
@@ -390,8 +391,9 @@ def _module_of(cfg, instance: str) -> str:
     return "?"
 
 
-def format_params_text(r: dict, by_module: bool) -> str:
+def format_params_text(r: dict, by_module: bool, color: bool = False) -> str:
     from .symbolic import human
+    from .table import table
     lines = []
     where = f"preset {r['preset']}" if r["preset"] not in ("defaults",) else "defaults"
     lines.append(f"{r['model']}  ({r['file']}, {where})")
@@ -413,12 +415,7 @@ def format_params_text(r: dict, by_module: bool) -> str:
                     rows.append(("  " + p["path"].split(".", 1)[1], shape, f"{p['per_copy']:,}",
                                  "", "", ""))
         rows.append(("total", "", "", "", f"{r['total']:,}", ""))
-        widths = [max(len(row[k]) for row in rows) for k in range(len(header))]
-        right = {2, 3, 4}
-        for row in rows:
-            cells = [c.rjust(widths[k]) if k in right else c.ljust(widths[k])
-                     for k, c in enumerate(row)]
-            lines.append("  ".join(cells).rstrip())
+        lines += table(rows, {2, 3, 4}, color=color)
         lines.append("")
     lines.append(f"total    {r['total']:,}  ({human(r['total'])})")
     lines.append(f"formula  {r['formula']}")

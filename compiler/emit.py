@@ -148,6 +148,9 @@ def _compile_onnx(spec, cfg, preset, out_dir, weights, opset, optimize, external
         from .weights import import_checkpoint, onnx_key
         imported = import_checkpoint(cfg, spec.model.checkpoint, weights, key=onnx_key)
     external = external_data or 4 * cfg.total > PROTOBUF_LIMIT - 2**26  # room for the graph
+    from .progress import note
+    note(f"lowering {cfg.model.name} ({cfg.total:,} parameters) to ONNX"
+         + ("" if imported else f", random weights (seed {seed})"))
     try:
         lw = Lowerer(spec, spec.symbolic(), cfg.values, opset=opset or DEFAULT_OPSET,
                      optimize=None if optimize == "none" else optimize,
@@ -171,16 +174,19 @@ def write_onnx(model, blobs: list, out: Path, external: bool) -> list[Path]:
     """model.onnx (and model.onnx.data) written in a temporary folder inside `out`, then
     renamed into place; a stale data file from an earlier compile is removed."""
     from .backends.onnx.graph import write_data, write_model
+    from .progress import Progress, ProgressFile
     tmp = Path(tempfile.mkdtemp(dir=out, prefix=".fgc-"))
+    progress = Progress(f"writing {out}", sum(arr.nbytes for _, arr in blobs))
     try:
         files = []
         with open(tmp / "model.onnx", "wb") as f:
-            write_model(f, model, [] if external else blobs)
+            write_model(ProgressFile(f, progress), model, [] if external else blobs)
         files.append("model.onnx")
         if external:
             with open(tmp / DATA_FILE, "wb") as f:
-                write_data(f, blobs)
+                write_data(ProgressFile(f, progress), blobs)
             files.append(DATA_FILE)
+        progress.close()
         for name in files:
             readable(str(tmp / name))
         for name in reversed(files):  # the data file first: model.onnx never points nowhere

@@ -184,3 +184,37 @@ def test_readme_shows_the_four_comparisons():
 def test_readme_diff_output_is_current(command, shown):
     r = fgc(*shlex.split(command)[1:])
     assert r.stdout == shown, f"README's `{command}` is out of date:\n{r.stdout}"
+
+
+def test_colour_only_on_a_terminal():
+    from compiler.cli import main  # noqa: F401 - the CLI is importable without torch
+    from compiler.diff import Side, compare, format_text
+    from compiler.pipeline import load
+    sides = []
+    for key, path in (("a", "specs/formal/gpt.fgpt"), ("b", "specs/formal/gpt2.fgpt")):
+        spec = load(str(ROOT / path))
+        sides.append(Side(key, path, spec, spec.symbolic(), spec.configure(
+            spec.default_preset())))
+    report = compare(*sides)
+    assert "\033[" in format_text(report, color=True)
+    assert "\033[" not in format_text(report, color=False)
+    piped = fgc("diff", "specs/formal/gpt.fgpt", "specs/formal/gpt2.fgpt")
+    assert "\033[" not in piped.stdout + piped.stderr
+
+
+def test_progress_of_a_long_emit(tmp_path):
+    """Writing a model reports its progress on stderr: on a terminal, or when asked."""
+    import os
+    import subprocess
+    import sys
+    args = [sys.executable, "-m", "compiler.cli", "compile", "specs/gpt2.fgpt", "--target",
+            "onnx", "--set", "L=2", "--set", "H=64", "--set", "A=2", "-o"]
+    env = {**os.environ, "FGC_PROGRESS": "1"}
+    shown = subprocess.run(args + [str(tmp_path / "a")], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    assert "lowering GPT2" in shown.stderr and "100%" in shown.stderr
+    env.pop("FGC_PROGRESS")
+    quiet = subprocess.run(args + [str(tmp_path / "b")], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=120)
+    assert quiet.returncode == 0 and "100%" not in quiet.stderr

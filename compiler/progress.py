@@ -1,0 +1,77 @@
+"""Progress of long operations, on one line of standard error, only on a terminal.
+
+`FGC_PROGRESS=1` shows it anywhere (a log file, a test), `FGC_PROGRESS=0` never.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+
+def enabled(stream=None) -> bool:
+    flag = os.environ.get("FGC_PROGRESS")
+    if flag is not None:
+        return flag not in ("", "0")
+    stream = stream or sys.stderr
+    return hasattr(stream, "isatty") and stream.isatty() and os.environ.get("TERM") != "dumb"
+
+
+class Progress:
+    """`label  1.2 / 6.2 GiB  19%  3.1 s`, redrawn at most ten times a second."""
+
+    def __init__(self, label: str, total: int, stream=None, show: bool | None = None):
+        self.label, self.total, self.done = label, max(total, 1), 0
+        self.stream = stream or sys.stderr
+        self.show = enabled(self.stream) if show is None else show
+        self.started = self.drawn = time.perf_counter()
+        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
+
+    def advance(self, n: int) -> None:
+        self.done += n
+        now = time.perf_counter()
+        if self.show and (now - self.drawn > 0.1 or self.done >= self.total):
+            self.drawn = now
+            self._draw(final=False)
+
+    def close(self) -> None:
+        if self.show:
+            self._draw(final=True)
+
+    def _draw(self, final: bool) -> None:
+        pct = min(100, 100 * self.done // self.total)
+        line = (f"{self.label}  {_size(min(self.done, self.total))} / {_size(self.total)}  {pct}%  "
+                f"{time.perf_counter() - self.started:.1f} s")
+        if self.tty:
+            self.stream.write("\r\033[K" + line + ("\n" if final else ""))
+        elif final:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+
+class ProgressFile:
+    """A binary file whose writes advance a Progress."""
+
+    def __init__(self, f, progress: Progress):
+        self.f, self.progress = f, progress
+
+    def write(self, data) -> int:
+        n = self.f.write(data)
+        self.progress.advance(len(data) if n is None else n)
+        return n
+
+
+def note(text: str, stream=None) -> None:
+    """A one-off line about what is happening, under the same conditions as progress."""
+    stream = stream or sys.stderr
+    if enabled(stream):
+        stream.write(text + "\n")
+        stream.flush()
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
