@@ -121,6 +121,14 @@ def neg_rule(dims, types, attrs, op):
     return TensorType(dtype=t.dtype, shape=t.shape)
 
 
+def abs_rule(dims, types, attrs, op):
+    """|a| keeps integers integers (range unknown in general: the bounds are symbolic)."""
+    t = types[0]
+    if t.dtype == "int":
+        return TensorType(dtype="int", shape=t.shape)
+    return TensorType(dtype="real" if t.dtype != "bool" else "bool", shape=t.shape)
+
+
 def reduction(dims, types, attrs, op):
     t = types[0]
     if not t.shape:
@@ -282,7 +290,7 @@ PRIMITIVES: dict[str, Primitive] = dict([
     _p("erf", 1, unary("real"), "the error function"),
     _p("sin", 1, unary("real"), "sine (sinusoidal positions)"),
     _p("cos", 1, unary("real"), "cosine"),
-    _p("abs", 1, unary(), "|a|"),
+    _p("abs", 1, abs_rule, "|a|"),
     # comparisons and logic (used by masks and comprehensions)
     _p("eq", 2, elementwise("bool"), "a == b"),
     _p("ne", 2, elementwise("bool"), "a != b"),

@@ -797,6 +797,9 @@ class _Body:
         if init_ref is None:
             raise FgcError(f"`{inner}` at the first layer is `{init}`, which is not defined",
                            span, f"define `{init} = ...` before the layers")
+        if init_ref.op.name is not None and init_ref.op.member is None and \
+                not init_ref.op.whole_family:
+            init = init_ref.op.name  # `X^(0) = Y` names Y: the value that holds X^(0)
         loop.carried[base] = ir.Carried(name=base, init=init, inner=inner,
                                         result=f"{base}^({loop.var})")
         self.scope.values[inner] = Ref(Operand(name=inner), init_ref.type)

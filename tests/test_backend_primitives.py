@@ -6,13 +6,14 @@ comprehension, integer arithmetic on token ids, ...). Each row is compiled once 
 (`compile_spec(..., "torch")`), its parameters drawn afresh from a seeded generator, and
 the same tensors are given to the ONNX lowering (`Lowerer`) at opset 23, opset 18 and with
 `optimize="ort"`; onnxruntime's outputs must match torch's: reals within 1e-5, integers
-exactly. Inputs are a batch of 2 sequences of T = 5 tokens where the spec allows n = 8, so
-the dynamic axes are exercised. Outputs are never a final Softmax, so each primitive's own
-values are compared.
+exactly, and torch's must have the spec's types (a sum of ids is real). Inputs are a batch
+of 2 sequences of T = 5 tokens where the spec allows n = 8, so the dynamic axes are
+exercised. Outputs are never a final Softmax, so each primitive's own values are compared.
 
 Both backends give integer outputs as the spec's values (argmax, argsort and invperm
-1-based), so integer outputs are compared as they come (the row `output-input` is where
-they part). Rows that reveal a backend bug are xfail(strict=True), the bug in the reason.
+1-based), so integer outputs are compared as they come; an output that is an input is the
+input as it was fed (0-based ids), in both (row `output-input`). Rows that reveal a backend
+bug are xfail(strict=True), the bug in the reason.
 """
 
 from __future__ import annotations
@@ -109,11 +110,12 @@ EMBED = """
 module Embed(W: R[V, H], x: {1..V}^n) -> R[n, H] {
   Embed(W, x)[i, j] = W[x[i], j]
 }"""
+PARITY = """
+module Parity(X: R[n, H], x: {1..V}^n) -> R[n, H] {
+  Parity(X, x)[i, j] = X[i, j] if x[i] % 2 == 0 else -X[i, j]
+}"""
 
-# Bugs these rows found (xfail, strict: a fix shows up as XPASS and the mark must go).
-TORCH_RAW_IDS = ("torch backend: a reduction of an integer input returns int64 where the "
-                 "spec says real (`{expr}`)")
-
+# Rows that found a bug are xfail, strict: a fix shows up as XPASS and the mark must go.
 ROWS = [
     # ---------------------------------------------------------------- arithmetic
     row("add", spec("Y = X + b", params=B)),
@@ -152,10 +154,11 @@ ROWS = [
     row("min-ids", spec("Y = min(x, 25)")),
     row("div-ids", spec("Y = x / 4")),
     row("abs-ids", spec("Y = abs(x - 25)")),
-    row("sum-ids", spec("Y = sum(x)"),
-        xfail=TORCH_RAW_IDS.format(expr="sum(x)") + "; torch's sum is also int64, not real"),
-    row("amax-ids", spec("Y = amax(x)"),
-        xfail=TORCH_RAW_IDS.format(expr="amax(x)") + "; torch's amax is also int64, not real"),
+    row("sum-ids", spec("Y = sum(x)")),
+    row("amax-ids", spec("Y = amax(x)")),
+    row("mean-ids", spec("Y = mean(x)")),
+    row("sum-segment-ids", spec("Y = sum(t)", inputs="x: {1..V}^n, t: {0, 1}^n")),
+    row("index-ids", spec("Y = x[2..3]")),
     row("index-input-ids", spec("Y = X[j, :] * j", inputs="x: {1..V}^n, j: {1..n}")),
     row("concat-ids", spec("Y = concat(x, argmax(X))")),
     row("ids-to-real", spec("Y = v * (x % 5)", body=V_BODY, params=WV)),
@@ -199,10 +202,8 @@ ROWS = [
                               body="  y_i = X @ W_i^P for i in 1..A",
                               params="W_i^P: R[H, D] for i in 1..A",
                               hyper="n = 8, H = 4, V = 50, A = 2, D = 3")),
-    row("vconcat", spec("Y = vconcat(M, X)", params="M: R[3, H]"),
-        xfail="vconcat of a parameter (no batch axis) and a batched value: torch emits "
-              "torch.cat([self.M, X], dim=-2) (rank 2 and 3), ONNX a Concat of rank 2 and 3 "
-              "that onnxruntime rejects; neither broadcasts the parameter over the batch"),
+    row("concat-parameter", spec("Y = concat(X, W_p)", params="W_p: R[n, H]")),
+    row("vconcat", spec("Y = vconcat(M, X)", params="M: R[3, H]")),
     row("vconcat-positions", spec("Y = vconcat(X, tanh(X)) @ W", params=W)),
     row("stopgrad", spec("Y = stopgrad(X) * 2")),
     row("index-entry", spec("Y = X[2, 3] * X")),
@@ -224,12 +225,8 @@ ROWS = [
     row("broadcast_to-Stack", spec("Y = Stack[n](b)", params=B)),
     row("diag", spec("Y = diag(v)", body=V_BODY, params=WV)),
     row("argmax", spec("Y = argmax(X)")),
-    row("argmax-onehot", spec("Y = OneHot(argmax(X)) @ W", params=W),
-        xfail="torch backend: OneHot(ids) @ W becomes embedding(X.argmax(-1) + 1, W), the "
-              "1-based argmax used as a 0-based row: off by one, IndexError at the last row"),
-    row("onehot-perm", spec("Y = OneHot(invperm(z)) @ X", inputs="x: {1..V}^n, z: Perm[n]"),
-        xfail="torch backend: OneHot of a Perm[n] is built n = 8 wide, not T wide, so the "
-              "product with the T-row X fails (bmm expects [2, 8], got [2, 5])"),
+    row("argmax-onehot", spec("Y = OneHot(argmax(X)) @ W", params=W)),
+    row("onehot-perm", spec("Y = OneHot(invperm(z)) @ X", inputs="x: {1..V}^n, z: Perm[n]")),
     row("argsort-vector", spec("Y = argsort(v)", body=V_BODY, params=WV)),
     row("argsort-matrix", spec("Y = argsort(X)")),
     row("argsort-gather", spec("Y = Perm(X, argsort(v))", body=V_BODY, params=WV)),
@@ -258,22 +255,23 @@ ROWS = [
   layers l in 1..L {
     H^(l) = LN(FF^ReLU(H^(l-1)) + H^(l-1))
   }""", hyper="n = 8, H = 4, V = 50, L = 2, F = 6")),
-    row("output-input", spec("Y = z", inputs="x: {1..V}^n, z: Perm[n]"),
-        xfail="an output that is an input: ONNX emits a graph onnxruntime rejects "
-              "(`Duplicate definition of name (z)`); torch returns z as given, 0-based, where "
-              "every other integer output (argmax, argsort, invperm) is 1-based"),
+    row("output-input", spec("Y = z", inputs="x: {1..V}^n, z: Perm[n]")),
     row("layers-model-param", spec("Y = H^(L)", body="""  H^(0) = X * 2
   layers l in 1..L {
     H^(l) = tanh(H^(l-1) @ W) + H^(l-1)
-  }""", params=W, hyper="n = 8, H = 4, V = 50, L = 2"),
-        xfail="torch backend: a model parameter used directly inside `layers` raises "
-              "KeyError: 'W' in Body.emit (codegen.py), not an FgcError; ONNX lowers it"),
+  }""", params=W, hyper="n = 8, H = 4, V = 50, L = 2")),
     row("layers-alias", spec("Y = H^(L)", body="""  H^(0) = X
   layers l in 1..L {
     H^(l) = tanh(H^(l-1)) + H^(l-1)
-  }""", hyper="n = 8, H = 4, V = 50, L = 2"),
-        xfail="`H^(0) = X` (a plain alias) before the layers: torch says `H^(0)` has no "
-              "known type, ONNX raises KeyError: 'H^(0)' in Lowerer.loop"),
+  }""", hyper="n = 8, H = 4, V = 50, L = 2")),
+    row("layers-alias-param", spec("Y = H^(L)", body="""  H^(0) = W_p
+  layers l in 1..L {
+    H^(l) = tanh(H^(l-1)) + X
+  }""", params="W_p: R[n, H]", hyper="n = 8, H = 4, V = 50, L = 2")),
+    row("layers-ids", spec("Y = H^(L)", body="""  H^(0) = X
+  layers l in 1..L {
+    H^(l) = Parity(H^(l-1), x) + OneHot(argmax(H^(l-1))) @ W
+  }""", params=W, hyper="n = 8, H = 4, V = 50, L = 2", modules=PARITY)),
     row("sets", spec("Y = X @ W", params=W), {"H": 6, "V": 30}),
 ]
 
@@ -372,6 +370,9 @@ def assert_same(torch_out: list, onnx_out: list) -> None:
 @pytest.mark.parametrize("text,sets", ROWS)
 def test_backends_agree(text, sets, variant, compiled):
     c = compiled(text, sets)
+    for k, (o, t) in enumerate(zip(c.cfg.model.outputs, c.torch_out)):
+        kinds = {"real": "f", "int": "iu", "bool": "b"}[o.type.dtype]
+        assert t.dtype.kind in kinds, f"output {k}: the spec says {o.type}, torch gives {t.dtype}"
     assert_same(c.torch_out, c.onnx(**VARIANTS[variant]))
 
 

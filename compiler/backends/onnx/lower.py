@@ -442,7 +442,8 @@ class Lowerer:
             else:
                 self.eqn(item, scope)
         graph_outputs: list[tuple[str, str, list]] = []
-        taken = {v.name for v in m.inputs} | {o.name for o in m.outputs}
+        inputs_named = {v.name for v in m.inputs}
+        taken = inputs_named | {o.name for o in m.outputs}
         renamed: dict[str, str] = {}  # tensor -> the graph output it became
 
         def output(tensor: str, name: str) -> None:
@@ -457,6 +458,11 @@ class Lowerer:
         for o in m.outputs:
             v = self.canonical(scope.vals[o.name])
             logits = self.logits_of.get(id(scope.vals[o.name]))
+            if o.name in inputs_named:
+                # an output that is an input has the input's name: it is the input tensor,
+                # as it came (ids 0-based), and needs no node
+                graph_outputs.append((o.name, v.dtype, self.dims(v)))
+                continue
             if v.dtype == "int":
                 v = V("int", v.roles, v.own, name=self.math(v))
             output(v.name, o.name)
@@ -515,7 +521,9 @@ class Lowerer:
     def loop(self, loop: ir.Loop, outer: Scope) -> None:
         hi = _int(self.ev(loop.hi, outer.penv))
         lo = _int(self.ev(loop.lo, outer.penv))
-        carried = {c.inner: outer.vals[c.init] for c in loop.carried}
+        # X^(0) is a value, or a parameter (`X^(0) = W`)
+        carried = {c.inner: outer.vals[c.init] if c.init in outer.vals else
+                   self.param(outer, c.init, None) for c in loop.carried}
         last: dict[str, V] = {}
         for layer in range(lo, hi + 1):
             env = dict(outer.env)
@@ -803,8 +811,7 @@ def _unary(lw: Lowerer, e: Eqn, ins: list[V], scope: Scope) -> V:
 
 
 def _reduce(lw: Lowerer, e: Eqn, ins: list[V], scope: Scope) -> V:
-    x = lw.canonical(ins[0])
-    x = lw.as_real(x) if e.op == "mean" or x.dtype == "int" and x.offset else x
+    x = lw.as_real(lw.canonical(ins[0]))  # a sum, mean or max of integers is real
     op = {"sum": "ReduceSum", "mean": "ReduceMean", "amax": "ReduceMax"}[e.op]
     out = lw.g.op(op, [x.name, lw.g.ints([-1])], _label(e, scope, op), keepdims=1)
     return _out(lw, e, scope, x.roles, x.dtype, out, fam=x.fam)
@@ -884,6 +891,19 @@ def _concat(lw: Lowerer, e: Eqn, ins: list[V], scope: Scope) -> V:
     elif dtype == "int" and offset == 0:  # different offsets: join the spec's values
         ins = [V("int", v.roles, v.own, name=lw.math(v)) for v in ins]
     vals = [lw.align(v, roles, rank) for v in ins]
+    short = [k for k, v in enumerate(ins) if len(v.roles) < len(roles)]
+    if short:
+        # Concat does not broadcast: a value without the batch (a parameter) or without a
+        # family axis is expanded to the leading axes of the others
+        full = [k for k, v in enumerate(ins) if k not in short]
+        label = _label(e, scope, "Concat")
+        leads = [lw.g.op("Shape", [lw.align(ins[k], roles, rank, full=True)], f"{label}/lead",
+                         start=0, end=len(roles))
+                 for k in (full[:1] or [k for k, v in enumerate(ins) if v.roles])]
+        lead = leads[0] if len(leads) == 1 else lw.g.op("Max", leads, f"{label}/lead")
+        shape = lw.g.op("Concat", [lead, lw.g.ints([1] * rank)], f"{label}/shape", axis=0)
+        for k in short:
+            vals[k] = lw.g.op("Expand", [vals[k], shape], f"{label}/expand")
     axis = -1 if e.op == "concat" else -rank
     out = lw.g.op("Concat", vals, _label(e, scope, "Concat"), axis=axis)
     return _out(lw, e, scope, roles, dtype, out, offset=offset if dtype == "int" else 0)

@@ -363,7 +363,7 @@ class Body:
         if o.member is not None and v.layout.fam and for_eqn.family is None:
             k = self._member_index(o.member)
             return _Val(f"{self.ref(o.name)}.select({-(v.layout.rank or 0) - 1}, {k})",
-                        Layout(v.layout.lead, False, v.layout.rank), v.type)
+                        Layout(v.layout.lead, False, v.layout.rank), v.type, raw_lo=v.raw_lo)
         return _Val(self.ref(o.name), v.layout, v.type, raw_lo=v.raw_lo, producer=v.producer,
                     named=v.named)
 
@@ -407,6 +407,7 @@ class Body:
         member_t = out_type.member() if out_type.family is not None else out_type
         out_rank = _rank(member_t)
         lead = any(v.layout.lead for v in ins)
+        raw_lo = None  # the result held 0-based: see _Val
         if e.op == "layers":
             exprs = [f"__layers__{e.attrs['index']}"] * len(e.outs)
             layouts = [Layout(True, False, _rank(o.type)) for o in e.outs]
@@ -430,6 +431,10 @@ class Body:
                                                                            for v in ins),
                                                    out_rank))]
             layouts = [Layout(lead, fam_out or any(v.layout.fam for v in ins), out_rank)]
+            if e.op in POSITIONS:
+                raw_lo = Poly.const(1)
+            elif e.op == "index":  # entries of ids held 0-based are held 0-based
+                raw_lo = ins[0].raw_lo
         for out, expr, layout in zip(e.outs, exprs, layouts):
             if e.op == "call" and out.name.startswith("%") and len(e.outs) == 1:
                 py = self.namer.alias(out.name, e.attrs["instance"].lower())
@@ -437,11 +442,12 @@ class Body:
                 py = self.namer(out.name)
             self.vals[out.name] = _Val(py, layout, out.type.member()
                                        if out.type.family is not None else out.type,
-                                       producer=e, named=not out.name.startswith("%"))
+                                       raw_lo=raw_lo, producer=e,
+                                       named=not out.name.startswith("%"))
             self.exprs[py] = expr
             self.deps[py] = re.findall(r"\{\{(.+?)\}\}", expr)
-            if e.op == "layers":
-                self.deps[py] = [o.name for o in e.ins if o.name is not None]
+            if e.op == "layers":  # the values it takes (model parameters are attributes)
+                self.deps[py] = [o.name for o in e.ins if o.name in self.vals]
             self.comments[py] = self.comment(out.type, layout, e)
             self.pending.append((py, e))
         if len(e.outs) > 1:
@@ -602,6 +608,35 @@ def _math(b: Body, v: _Val) -> str:
     return v.expr
 
 
+def _shifted(b: Body, expr: str, shift: Poly) -> str:
+    """`expr + shift` for an integer expression, folded where `expr` is a literal."""
+    if shift.is_const():
+        k = shift.const_value()
+        if k == 0:
+            return expr
+        if "{{" not in expr and re.fullmatch(r"-?\d+", expr):
+            return str(int(expr) + int(k))
+        return f"{expr} + {py_poly(shift, b.sym)}" if k > 0 else \
+            f"{expr} - {py_poly(-shift, b.sym)}"
+    return f"{expr} + {py_poly(shift, b.sym)}"
+
+
+def _rows(b: Body, v: _Val, first: Poly) -> str:
+    """Integer ids as 0-based positions in a table whose first entry is id `first`: an
+    index (first = 1), a row of W in OneHot(x) @ W over first..last."""
+    if v.raw_lo is not None:
+        return _shifted(b, v.expr, v.raw_lo - first)
+    return _shifted(b, v.expr, -first)
+
+
+def _spec_value(b: Body, v: _Val, expr: str) -> str:
+    """A result as the spec's value: integers held 0-based get their offset back where
+    they leave the function (a return, a layer's argument)."""
+    if v.raw_lo is None:
+        return expr
+    return _shifted(b, expr if _atomic(expr) else f"({expr})", v.raw_lo)
+
+
 def _int_binary(symbol: str):
     def lower(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
         vals = []
@@ -635,6 +670,8 @@ def _minmax(fn: str, clamp: str):
 def _reduce(method: str):
     def lower(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
         x = ins[0].expr if _atomic(ins[0].expr) else f"({ins[0].expr})"
+        if ins[0].type.dtype != "real":  # a sum, mean or max of integers is real
+            x = f"{x}.to({b.real_dtype})"
         return f"{x}.{method}(-1, keepdim=True)"
     return lower
 
@@ -648,9 +685,10 @@ def _matmul(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
     onehot = x.producer
     if onehot is not None and onehot.op == "call" and b.gen.is_builtin(onehot, "OneHot") \
             and not y.layout.lead and not y.layout.fam:
-        # OneHot(x) @ W is a row lookup: no V-wide one-hot is built
+        # OneHot(x) @ W is a row lookup: no V-wide one-hot is built; OneHot over a..b puts
+        # id a in row 0
         ids = b.operand(onehot.ins[0], e)
-        return f"embedding({ids.expr}, {y.expr})"
+        return f"embedding({_rows(b, ids, onehot.attrs['bindings']['a'])}, {y.expr})"
     if y.stored is not None and not x.layout.fam and y.layout.rank == 2 and x.layout.rank:
         # X @ W_i for every member i at once: one product with the (H, A*D) view, then the
         # family axis moved in front of the member's rows
@@ -684,26 +722,39 @@ def _concat(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
         return f"{ins[0].expr}.movedim({-r - 1}, -2).flatten(-2)"
     if any(c is not None for c in counts):
         raise Unsupported("concat of a family together with other values")
-    return f"torch.cat([{', '.join(_align(b, v, out) for v in ins)}], dim=-1)"
+    return f"torch.cat([{', '.join(_joined(b, ins, out))}], dim=-1)"
 
 
 def _vconcat(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
     r = out.rank or 1
-    return f"torch.cat([{', '.join(_align(b, v, out) for v in ins)}], dim={-r})"
+    return f"torch.cat([{', '.join(_joined(b, ins, out))}], dim={-r})"
+
+
+def _joined(b: Body, ins: list[_Val], out: Layout) -> list[str]:
+    """The operands of torch.cat, which does not broadcast: one without the batch (a
+    parameter) or without the family axis is expanded to the others' leading axes."""
+    parts = [_align(b, v, out) for v in ins]
+    r = out.rank
+    short = [k for k, v in enumerate(ins) if (out.lead and not v.layout.lead)
+             or (out.fam and not v.layout.fam)]
+    if not short or not r:
+        return parts
+    full = [k for k, v in enumerate(ins) if k not in short]
+    if full:
+        ref = parts[full[0]] if _atomic(parts[full[0]]) else f"({parts[full[0]]})"
+        lead = f"{ref}.shape[:-{r}]"
+    else:  # each lacks some leading axis: their union
+        lead = "torch.broadcast_shapes(" + ", ".join(
+            f"{p if _atomic(p) else f'({p})'}.shape[:-{r}]" for p, v in zip(parts, ins)
+            if v.layout.lead or v.layout.fam) + ")"
+    for k in short:
+        x = parts[k] if _atomic(parts[k]) else f"({parts[k]})"
+        parts[k] = f"{x}.expand(*{lead}, {', '.join(['-1'] * r)})"
+    return parts
 
 
 def _zero_based(b: Body, v: _Val) -> str:
-    if v.raw_lo is not None:
-        lo = v.raw_lo
-        shift = lo - 1
-        if shift.is_const() and shift.const_value() == 0:
-            return v.expr
-        return f"{v.expr} + {py_poly(shift, b.sym)}" if not (
-            shift.is_const() and shift.const_value() < 0) else \
-            f"{v.expr} - {py_poly(-shift, b.sym)}"
-    if "{{" not in v.expr and re.fullmatch(r"-?\d+", v.expr):
-        return str(int(v.expr) - 1)
-    return f"{v.expr} - 1"
+    return _rows(b, v, Poly.const(1))
 
 
 def _index(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
@@ -718,7 +769,7 @@ def _index(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
         elif kind == "range":
             lo, hi = rest[k], rest[k + 1]
             k += 2
-            items.append(f"{_zero_based(b, lo)}:{hi.expr}")
+            items.append(f"{_zero_based(b, lo)}:{_math(b, hi)}")
         else:
             idx = rest[k]
             k += 1
@@ -791,16 +842,19 @@ def _pow(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
     return f"torch.pow({_align(b, x, out)}, {_align(b, y, out)})"
 
 
+# Positions are computed 0-based and held so (raw_lo = 1): an index or a row lookup uses
+# them as they are, arithmetic and returns add the 1 back.
 def _invperm(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
-    return f"torch.argsort({_zero_based(b, ins[0])}, dim=-1) + 1"
+    return f"torch.argsort({_zero_based(b, ins[0])}, dim=-1)"
 
 
 def _argmax(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
-    return f"{ins[0].expr}.argmax(-1) + 1"
+    x = ins[0].expr if _atomic(ins[0].expr) else f"({ins[0].expr})"
+    return f"{x}.argmax(-1)"
 
 
 def _argsort(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
-    return f"torch.argsort({ins[0].expr}, dim=-1, stable=True) + 1"
+    return f"torch.argsort({ins[0].expr}, dim=-1, stable=True)"
 
 
 def _stopgrad(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
@@ -822,6 +876,7 @@ LOWER = {
     "index": _index, "iota": _iota, "broadcast_to": _broadcast_to, "invperm": _invperm,
     "argmax": _argmax, "argsort": _argsort, "stopgrad": _stopgrad,
 }
+POSITIONS = {"argmax", "argsort", "invperm"}  # results held 0-based (raw_lo = 1)
 
 
 # ---------------------------------------------------------------- builtin modules
@@ -952,9 +1007,24 @@ class Generator:
         self.classes.append(self._module_view(fn, cls))
         return cls
 
+    def bound_sizes(self, fn: ir.Function) -> list[str]:
+        """The sizes a use of a module binds that its forward cannot read off its inputs'
+        shapes: its hyperparameters, then the rest of its signature (an integer input's
+        range a..b)."""
+        names = [h.name for h in fn.hypers]
+        known = set(self._symbol_sources(fn, Namer()))
+        for v in fn.inputs:
+            for d in list(v.type.shape) + [v.type.lo, v.type.hi, v.type.family]:
+                if isinstance(d, Poly):
+                    for s in sorted(d.symbols() - known):
+                        if s not in names:
+                            names.append(s)
+        return names
+
     def dynamic_hypers(self) -> dict[str, set[str]]:
-        """Per module, the hyperparameters some use binds to a run-time size (the sequence
-        length): they are forward arguments, not construction arguments."""
+        """Per module, the sizes some use binds to a run-time size (the sequence length,
+        OneHot of a Perm[n] n wide): they are forward arguments, not construction
+        arguments."""
         if getattr(self, "_dyn", None) is not None:
             return self._dyn
         dyn: dict[str, set[str]] = {name: set() for name in self.functions}
@@ -973,11 +1043,11 @@ class Generator:
                     if e.op != "call":
                         continue
                     callee = self.functions[e.attrs["module"]]
-                    for h in callee.hypers:
-                        b = e.attrs["bindings"].get(h.name)
+                    for name in self.bound_sizes(callee):
+                        b = e.attrs["bindings"].get(name)
                         if isinstance(b, Poly) and b.symbols() & live and \
-                                h.name not in dyn[callee.name]:
-                            dyn[callee.name].add(h.name)
+                                name not in dyn[callee.name]:
+                            dyn[callee.name].add(name)
                             changed = True
         self._dyn = dyn
         return dyn
@@ -985,7 +1055,7 @@ class Generator:
     def forward_hypers(self, fn: ir.Function) -> list[str]:
         if not fn.inputs:
             return [h.name for h in fn.hypers]
-        return [h.name for h in fn.hypers if h.name in self.dynamic_hypers()[fn.name]]
+        return [s for s in self.bound_sizes(fn) if s in self.dynamic_hypers()[fn.name]]
 
     def static_symbols(self, fn: ir.Function) -> list[str]:
         """Sizes a module is constructed with: those its parameters need, and those its
@@ -1077,7 +1147,8 @@ class Generator:
             lines = body.emit(outs)
             results = []
             for o, declared in zip(outs, fn.outputs):
-                r = body.result(o) if o in body.vals else "None"
+                r = _spec_value(body, body.vals[o], body.result(o)) if o in body.vals \
+                    else "None"
                 if o in body.vals and declared.type.dtype == "real" and \
                         body.vals[o].type.dtype != "real":
                     r = f"({r}).to(torch.get_default_dtype())" if not _atomic(r) else \
@@ -1151,8 +1222,8 @@ class Generator:
             expr = v.expr
             if self.needs_tensor(fn.name, inp.name):
                 expr = self.maybe_mask(b, v, v.type)
-            if v.raw_lo is not None:
-                expr = _math(b, v)  # integers cross into modules as their 1-based values
+            if v.raw_lo is not None:  # integers cross into modules as the spec's values
+                expr = _shifted(b, v.expr, v.raw_lo)
             if e.family is not None and v.layout.lead and not v.layout.fam and \
                     v.layout.rank is not None:
                 # a per-batch value into a per-member call: a unit axis where the members'
@@ -1249,11 +1320,18 @@ class Generator:
 
     def loop_lines(self, b: Body, e: Eqn, materialize: set[str]) -> list[Line]:
         info = self.loops[e.attrs["index"]]
+        inputs = {v.name for v in self.model.inputs}
         args = []
-        for o in e.ins:
+        for k, o in enumerate(e.ins):
+            if o.name not in b.vals:  # a model parameter the layers use as it is
+                args.append(b.operand(o, e).expr)
+                continue
             v = b.vals[o.name]
-            args.append(b._inline(v.expr, materialize) if v.expr in b.exprs and
-                        v.expr not in materialize else v.expr)
+            expr = b._inline(v.expr, materialize) if v.expr in b.exprs and \
+                v.expr not in materialize else v.expr
+            if k < len(info["carried"]) or o.name not in inputs:
+                expr = _spec_value(b, v, expr)  # only the model's inputs go in 0-based
+            args.append(expr)
         outs = [b.vals[o.name].expr for o in e.outs]
         carried_args = args[: len(info["carried"])]
         rest = args[len(info["carried"]):]
@@ -1331,7 +1409,11 @@ class Generator:
             method_name = "logits"
         else:
             lines = head + body.emit(outputs)
-            result = ", ".join(body.result(o) for o in outputs)
+            # integer outputs are the spec's values, except an input returned as it came
+            inputs = {v.name for v in model.inputs}
+            result = ", ".join(body.result(o) if o in inputs else
+                               _spec_value(body, body.vals[o], body.result(o))
+                               for o in outputs)
             lines.append(Line(f"return {result}"))
             self._resolve_line_refs(body, lines)
             extra = []
@@ -1398,8 +1480,13 @@ class Generator:
             args.append(body.define_input(c.inner, init_t, Layout(True, False,
                                                                   _rank(init_t))))
         model_params = {p.name: p for p in self.model.params}
+        model_inputs = {v.name: v for v in self.model.inputs}
         for name in outside_inputs:
-            if name in model_params:
+            if name in model_inputs:  # as the model holds it: ids 0-based
+                t = model_inputs[name].type
+                args.append(body.define_input(name, t, Layout(True, False, len(t.shape)),
+                                              raw_lo=t.lo if t.dtype == "int" else None))
+            elif name in model_params:
                 t = model_params[name].type
                 args.append(body.define_input(name, t, Layout(False, t.family is not None,
                                                               len(t.shape))))
@@ -1436,7 +1523,9 @@ class Generator:
         body.lower(rest)
         results = [c.result for c in loop.carried]
         lines = body.emit(results)
-        lines.append(Line("return " + ", ".join(body.result(r) for r in results)))
+        lines.append(Line("return " + ", ".join(_spec_value(body, body.vals[r],
+                                                             body.result(r))
+                                                 for r in results)))
         self._resolve_line_refs(body, lines)
         self.loop_var = None
         init_args = ["l"] + shared_args
@@ -1455,8 +1544,8 @@ class Generator:
             outer_name = next(o for i, o in loop.results if i == c.result)
             t = self._type_of(c.init, outer)
             finals.append(ir.Value(name=outer_name, type=t))
-        ins = [Operand(name=c.init) for c in loop.carried] + [Operand(name=n)
-                                                             for n in outside_inputs]
+        ins = [Operand(name=c.init) for c in loop.carried] + [
+            Operand(name=n, whole_family=n in model_params) for n in outside_inputs]
         self.loops.append({"attr": attr, "carried": loop.carried, "loop": loop})
         return hoisted + [Eqn(outs=finals, op="layers", ins=ins, attrs={"index": index},
                               span=loop.span)]
