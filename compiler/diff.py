@@ -415,23 +415,6 @@ def _positions(t: Term, module: str) -> list[str]:
 # ---------------------------------------------------------------- modules
 
 
-def _used_modules(model: ir.Model, functions: dict) -> list[str]:
-    seen: list[str] = []
-
-    def visit(eqns) -> None:
-        for e in eqns:
-            if e.op == "call":
-                m = e.attrs["module"]
-                if m not in seen:
-                    seen.append(m)
-                    fn = functions.get(m)
-                    if fn is not None:
-                        visit(fn.eqns)
-    for item in model.body:
-        visit(item.body if isinstance(item, ir.Loop) else [item])
-    return seen
-
-
 def _function_form(fn: ir.Function) -> dict:
     """A module's definition, canonically: signature, parameters, and output terms."""
     defs = {}
@@ -600,7 +583,7 @@ def compare(a: Side, b: Side) -> dict:
 
     # modules
     fa, fb = a.sym.functions, b.sym.functions
-    ua, ub = _used_modules(a.model, fa), _used_modules(b.model, fb)
+    ua, ub = ir.used_modules(a.model, fa), ir.used_modules(b.model, fb)
     modules = []
     for m in ua:
         if m not in ub:

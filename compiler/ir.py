@@ -199,3 +199,22 @@ class Model(_Base):
     outputs: list[Value]
     param_uses: dict[str, list[str]] = Field(default_factory=dict)  # param -> sections
     span: Span | None = None
+
+
+def used_modules(model: Model, functions: dict[str, Function]) -> list[str]:
+    """The modules a model calls, directly or through other modules, each after the
+    modules it calls itself (the order a reader meets their definitions)."""
+    seen: list[str] = []
+
+    def visit(eqns: list[Eqn]) -> None:
+        for e in eqns:
+            if e.op == "call":
+                name = e.attrs["module"]
+                fn = functions.get(name)
+                if fn is not None and name not in seen:
+                    visit(fn.eqns)
+                if name not in seen:
+                    seen.append(name)
+    for item in model.body:
+        visit(item.body if isinstance(item, Loop) else [item])
+    return seen

@@ -252,7 +252,7 @@ def latex(spec, cfg, stdlib: bool = False) -> str:
     names = {m.name for m in spec.modules.values()}
     own = list(spec.file.modules)
     if stdlib and model is not None:
-        used = _used(cfg.model, cfg.functions) if cfg is not None else []
+        used = ir.used_modules(cfg.model, cfg.functions) if cfg is not None else []
         own = [spec.modules[n] for n in used if n in spec.modules and
                spec.modules[n] not in own] + own
     boxes = [module_box(m, names) for m in own]
@@ -411,23 +411,6 @@ def _poly_tex(p) -> str:
     if not isinstance(p, Poly):
         return r"\ldots"
     return format_poly(p, mul=" ").replace("*", " ")
-
-
-def _used(model: ir.Model, functions: dict) -> list[str]:
-    seen: list[str] = []
-
-    def visit(eqns) -> None:
-        for e in eqns:
-            if e.op == "call":
-                name = e.attrs["module"]
-                fn = functions.get(name)
-                if fn is not None:
-                    visit(fn.eqns)
-                if name not in seen:
-                    seen.append(name)
-    for item in model.body:
-        visit(item.body if isinstance(item, ir.Loop) else [item])
-    return seen
 
 
 # ---------------------------------------------------------------- Markdown
