@@ -176,6 +176,16 @@ def _sets(items: list[str]) -> dict[str, Fraction | float]:
     return out
 
 
+def _symbolic(spec):
+    """The spec's symbolic configuration, or None with its diagnostics printed."""
+    from .errors import FgcError
+    try:
+        return spec.symbolic()
+    except FgcError as e:
+        _print_diagnostics(e.diagnostics, spec.sources)
+        return None
+
+
 class _Usage(Exception):
     pass
 
@@ -314,11 +324,8 @@ def cmd_params(args) -> int:
     cfg, code = _configure(spec, args)
     if cfg is None:
         return code
-    from .errors import FgcError
-    try:
-        sym = spec.symbolic()
-    except FgcError as e:
-        _print_diagnostics(e.diagnostics, spec.sources)
+    sym = _symbolic(spec)
+    if sym is None:
         return EXIT_SPEC
     _print_diagnostics(cfg.warnings, spec.sources)
     report = params_report(spec, cfg, sym)
@@ -442,7 +449,6 @@ def cmd_diff(args) -> int:
     from argparse import Namespace
 
     from .diff import Side, compare, format_text
-    from .errors import FgcError
     from .table import use_color
     sides = []
     for key, path in (("a", args.a), ("b", args.b)):
@@ -457,12 +463,10 @@ def cmd_diff(args) -> int:
         cfg, code = _configure(spec, ns)
         if cfg is None:
             return EXIT_USAGE
-        try:
-            sym = spec.symbolic()
-        except FgcError as e:
-            _print_diagnostics(e.diagnostics, spec.sources)
+        sym = _symbolic(spec)
+        if sym is None:
             return EXIT_USAGE
-        sides.append(Side(key, path, spec, sym, cfg))
+        sides.append(Side(path, spec, sym, cfg))
     report = compare(*sides)
     if args.format == "json":
         print(json.dumps(report, indent=2))
@@ -480,7 +484,6 @@ def cmd_render(args) -> int:
     from pathlib import Path
 
     from . import render
-    from .errors import FgcError
     spec, code = _load(args.file)
     if spec is None:
         return code
@@ -494,11 +497,11 @@ def cmd_render(args) -> int:
         print(f"fgc: {args.file} defines modules but no model; --to {args.to} draws a model",
               file=sys.stderr)
         return EXIT_SPEC
-    try:
-        sym = spec.symbolic() if spec.file.models else None
-    except FgcError as e:
-        _print_diagnostics(e.diagnostics, spec.sources)
-        return EXIT_SPEC
+    sym = None
+    if spec.file.models:
+        sym = _symbolic(spec)
+        if sym is None:
+            return EXIT_SPEC
     if args.to == "latex":
         text = render.latex(spec, sym, stdlib=args.stdlib)
     elif args.to == "markdown":

@@ -44,7 +44,6 @@ FLATTEN = {"add", "mul"}  # associative too: a + b + c is one sum of three
 
 @dataclass
 class Side:
-    key: str  # "a" or "b"
     path: str
     spec: object  # pipeline.Spec
     sym: object  # the symbolic Config
@@ -118,7 +117,6 @@ class Body:
     """One side's model cut into statements, and the terms of those statements."""
 
     def __init__(self, side: Side):
-        self.side = side
         m = side.model
         self.inputs = {v.name for v in m.inputs}
         self.params = {p.name for p in m.params}
@@ -429,7 +427,7 @@ def _function_form(fn: ir.Function) -> dict:
             self.inputs, self.params, self.defs = set(), params, defs
             self.prev, self.last, self.inline, self.reals = {}, {}, set(), {}
 
-        def _value(self, name, ident, layer, memo, top=False):
+        def _value(self, name, ident, layer, memo, top=False):  # noqa: ARG002 - Body's signature
             if name in args:
                 return Term(args[name])
             if name in params:

@@ -339,7 +339,7 @@ def model_box(spec, cfg, modules: set[str]) -> str:
             name = st.name or m.name
             rows.append((r"\text{Output}", f"{tex.name(name, False)}({args}) = "
                          f"{tex.expr(st.value)}", types.get(name)))
-    shaped = [(label, eq, f"({_shape_tex(tex, s)})" if s is not None else "")
+    shaped = [(label, eq, f"({_shape_tex(s)})" if s is not None else "")
               for label, eq, s in rows]
     return _box(f"$ \\textbf{{{_escape(m.name)}}} $", shaped, "@{}lll")
 
@@ -401,7 +401,7 @@ def _value_types(model: ir.Model) -> dict[str, ir.TensorType]:
     return out
 
 
-def _shape_tex(tex: TeX, t: ir.TensorType) -> str:
+def _shape_tex(t: ir.TensorType) -> str:
     if not t.shape:
         return "1"
     return r" \times ".join(_poly_tex(d) for d in t.shape)

@@ -332,7 +332,7 @@ def _stamp(p: Path) -> list:
 
 def _io_of(arg) -> dict:
     """An input of a model fgc did not write, described from onnxruntime's view of it."""
-    dims = [d if isinstance(d, int) else d or "batch" if i == 0 else d or f"d{i}"
+    dims = [d if isinstance(d, int) else d or ("batch" if i == 0 else f"d{i}")
             for i, d in enumerate(arg.shape)]
     dtype = {"tensor(int64)": "int", "tensor(int32)": "int", "tensor(bool)": "bool"}.get(
         arg.type, "real")

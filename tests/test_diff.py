@@ -191,9 +191,9 @@ def test_colour_only_on_a_terminal():
     from compiler.diff import Side, compare, format_text
     from compiler.pipeline import load
     sides = []
-    for key, path in (("a", "specs/formal/gpt.fgpt"), ("b", "specs/formal/gpt2.fgpt")):
+    for path in ("specs/formal/gpt.fgpt", "specs/formal/gpt2.fgpt"):
         spec = load(str(ROOT / path))
-        sides.append(Side(key, path, spec, spec.symbolic(), spec.configure(
+        sides.append(Side(path, spec, spec.symbolic(), spec.configure(
             spec.default_preset())))
     report = compare(*sides)
     assert "\033[" in format_text(report, color=True)
