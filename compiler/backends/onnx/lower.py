@@ -84,6 +84,24 @@ def dim_text(p: Poly) -> int | str:
     return _int(p) if p.is_const() else format_poly(p)
 
 
+def sequence_symbols(m: ir.Model) -> set[str]:
+    """The sizes that vary from run to run: the length of token ids and permutations, and
+    every axis but the last (the features) of a real input. Loop bounds and family sizes
+    stay fixed: they decide the graph's structure."""
+    fixed = {s for item in m.body if isinstance(item, ir.Loop)
+             for b in (item.lo, item.hi) if isinstance(b, Poly) for s in b.symbols()}
+    out: set[str] = set()
+    for v in m.inputs:
+        t = v.type
+        if t.family is not None and isinstance(t.family, Poly):
+            fixed |= t.family.symbols()
+        axes = t.shape if t.dtype != "real" else t.shape[:-1]
+        for d in axes:
+            if isinstance(d, Poly):
+                out |= d.symbols()
+    return out - fixed
+
+
 class Scope:
     def __init__(self, fn: ir.Function | None, env: dict, penv: dict, path: str,
                  layer: int | None, numeric: dict):
@@ -396,11 +414,7 @@ class Lowerer:
         env: dict = {}
         penv: dict = {}
         numeric: dict = {}
-        dyn_syms: set[str] = set()
-        for v in m.inputs:
-            for d in v.type.shape:
-                if isinstance(d, Poly):
-                    dyn_syms |= d.symbols()
+        dyn_syms = sequence_symbols(m)
         names = sorted(dyn_syms)
         runtime_name = {s: ("T" if len(names) == 1 else f"T_{s}") for s in names}
         for s in names:
