@@ -34,8 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--format", choices=["text", "json", "github"], default="text")
     c.add_argument("--strict", action="store_true", help="treat warnings as errors")
 
-    q = sub.add_parser("params", help="count parameters exactly, with the closed formula")
-    q.add_argument("file", metavar="FILE")
+    q = sub.add_parser("params", help="count parameters exactly, with the closed formula "
+                       "(several files: each, and together with shared tensors once)")
+    q.add_argument("files", nargs="+", metavar="FILE")
     _config_args(q)
     q.add_argument("--format", choices=["text", "json"], default="text")
     q.add_argument("--by-module", action="store_true", help="break the count down by module")
@@ -318,7 +319,9 @@ def _expand_paths(paths: list[str]) -> list[str] | None:
 
 
 def cmd_params(args) -> int:
-    spec, code = _load(args.file)
+    if len(args.files) > 1:
+        return _params_together(args)
+    spec, code = _load(args.files[0])
     if spec is None:
         return code
     cfg, code = _configure(spec, args)
@@ -334,6 +337,76 @@ def cmd_params(args) -> int:
     else:
         from .table import use_color
         print(format_params_text(report, args.by_module, use_color()))
+    return EXIT_OK
+
+
+def _params_together(args) -> int:
+    """`fgc params A B ...`: each spec's count, then all of them together, with the tensors
+    their `share ... with` declarations name counted once."""
+    from argparse import Namespace
+
+    from .errors import Sources
+    from .sharing import joint
+    try:
+        sets = _sets(args.set)
+    except _Usage as e:
+        print(f"fgc: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    items, reports = [], []
+    for path in args.files:
+        spec, code = _load(path)
+        if spec is None:
+            return code
+        if not spec.file.models:
+            print(f"fgc: {path} defines modules but no model", file=sys.stderr)
+            return EXIT_SPEC
+        names = {h.name for h in spec.model.hypers}
+        mine = [f"{k}={v}" for k, v in sets.items() if k in names]
+        cfg, code = _configure(spec, Namespace(preset=args.preset, set=mine))
+        if cfg is None:
+            return code
+        sym = _symbolic(spec)
+        if sym is None:
+            return EXIT_SPEC
+        _print_diagnostics(cfg.warnings, spec.sources)
+        items.append((spec, cfg, sym))
+        reports.append(params_report(spec, cfg, sym))
+    unknown = [k for k in sets if not any(k in {h.name for h in spec.model.hypers}
+                                          for spec, _, _ in items)]
+    if unknown:
+        print(f"fgc: error: --set {unknown[0]}: no spec given has a hyperparameter "
+              f"`{unknown[0]}`", file=sys.stderr)
+        return EXIT_USAGE
+    together = joint(items)
+    if together.errors:
+        sources = Sources()
+        for spec, _, _ in items:
+            sources._lines.update(spec.sources._lines)
+        _print_diagnostics(together.errors, sources)
+        return EXIT_SPEC
+    report = {"specs": reports, "total": together.total, "formula": together.formula,
+              "shared": together.groups}
+    if args.format == "json":
+        print(json.dumps(report, indent=2))
+        return EXIT_OK
+    from .symbolic import human
+    from .table import use_color
+    for r in reports:
+        print(format_params_text(r, args.by_module, use_color()))
+        print()
+    names = " + ".join(r["model"] for r in reports)
+    print(f"together  {names}")
+    if together.groups:
+        saved = sum(g["elements"] * (len(g["in"]) - 1) for g in together.groups)
+        print(f"shared    {', '.join(g['tensor'] + ' ' + g['shape'] for g in together.groups)}")
+        print(f"          {saved:,} parameters held by {len(reports)} specs, counted once")
+    else:
+        print("shared    nothing (no `share ... with` between these specs)")
+    sums = " + ".join(f"{r['total']:,}" for r in reports)
+    if together.groups:
+        sums += f" - {saved:,}"
+    print(f"total     {together.total:,}  ({human(together.total)}) = {sums}")
+    print(f"formula   {together.formula}")
     return EXIT_OK
 
 
@@ -383,9 +456,24 @@ def params_report(spec, cfg, sym) -> dict:
         "formula_expanded": format_poly(expanded) if expanded != sym_total else None,
         "derived": derived,
         "tied": [{"param": k, "used_in": v} for k, v in sorted(cfg.count.tied.items())],
+        "shared_with": _shared_with(cfg),
         "modules": modules,
         "params": params,
     }
+
+
+def _shared_with(cfg) -> list[dict]:
+    """The spec's `share ... with` declarations: what it has in common with another spec."""
+    from .params import as_int
+    from .sharing import tensors
+    out = []
+    for decl in cfg.model.shared_with:
+        found = tensors(cfg, decl.names)
+        out.append({"spec": decl.spec, "names": decl.names,
+                    "tensors": [p for name in decl.names for p in found[name]],
+                    "total": sum(as_int(t) for name in decl.names
+                                 for _, t in found[name].values())})
+    return out
 
 
 def _module_of(cfg, instance: str) -> str:
@@ -432,6 +520,9 @@ def format_params_text(r: dict, by_module: bool, color: bool = False) -> str:
     for t in r["tied"]:
         lines.append(f"tied     {t['param']} is used in {' and '.join(t['used_in'])}; "
                      "counted once")
+    for d in r.get("shared_with", []):
+        lines.append(f"shared   {', '.join(d['names'])} with {d['spec']}: {d['total']:,} "
+                     "parameters, counted once when both are counted (fgc params A B)")
     return "\n".join(lines)
 
 

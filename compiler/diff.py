@@ -17,8 +17,12 @@ and the note under it says so.
 
 Around the equations: hyperparameters, inputs, outputs, parameters with their shapes, the
 modules used (a module of the same name whose definition differs is shown with its lines),
-per-layer differences when layers are conditional (GPT-3's alternating masks), and the
-parameter count per module and in total, as a formula and for the configurations chosen.
+per-layer differences when layers are conditional (GPT-3's alternating masks), instances
+that become one for all layers (ALBERT's sharing) or stop being, and the parameter count per
+module and in total, as a formula and for the configurations chosen. A statement that
+gains a projection of its result (`... @ W + b`) says so, and says which parameters it
+factorizes when their last axis shrank to the projection's input (ALBERT's V x E embedding
+times E x H).
 """
 
 from __future__ import annotations
@@ -150,19 +154,24 @@ class Body:
                         uses[o.name] += 1
         self.prev: dict[str, str] = {}  # X^(l-1) inside the body -> X^(0)
         self.last: dict[str, str] = {}  # X^(L) after the layers -> X^(l)
+        self.stack: dict[str, str] = {}  # X^(1..L) after the layers -> X^(l) (or X^(l-1))
         keep: set[str] = {v.name for v in m.outputs}
         carried_index: dict[str, int] = {}
         init_index: dict[str, int] = {}
-        if self.loop is not None:
-            for k, c in enumerate(self.loop.carried):
+        # every `layers` block (an encoder's, then a decoder's); carried values are numbered
+        # through all of them
+        for loop in (item for item in m.body if isinstance(item, ir.Loop)):
+            for c in loop.carried:
                 self.prev[c.inner] = c.init
                 keep |= {c.init, c.result}
-                carried_index[c.result] = k
-                init_index[c.init] = k
-            for inner, outer in self.loop.results:
+                carried_index[c.result] = init_index[c.init] = len(carried_index)
+            for inner, outer in loop.results:
                 self.last[outer] = inner
                 if uses[outer]:
                     keep.add(inner)
+            for inner, outer in loop.stacks:
+                self.stack[outer] = inner
+                keep.add(next((c.result for c in loop.carried if c.inner == inner), inner))
         out_index = {v.name: k for k, v in enumerate(m.outputs)}
         self.statements: list[Statement] = []
         self.inline: set[str] = set()
@@ -199,6 +208,11 @@ class Body:
                 return Term(f"prev({base.text})", leaves=base.leaves)
             if name in self.last:
                 return Term(f"last({ident(self.last[name])})")
+            if name in self.stack:
+                inner = self.stack[name]
+                entering = next((c.result for c in self.loop.carried if c.inner == inner), None)
+                return Term(f"each_layer_in({ident(entering)})" if entering else
+                            f"each_layer({ident(inner)})")
             if not name.startswith("%") and name not in self.inline:
                 return Term(ident(name))
         if name in memo:
@@ -354,9 +368,20 @@ class Matcher:
 # ---------------------------------------------------------------- describing a change
 
 
-def describe(ta: Term, tb: Term) -> list[str]:
-    """Short notes on what changed between two terms of one statement."""
+def describe(ta: Term, tb: Term, shapes: tuple[dict, dict] | None = None) -> list[str]:
+    """Short notes on what changed between two terms of one statement; `shapes`, the two
+    sides' model parameters with their dimensions, lets a new projection that factorizes a
+    parameter say so."""
     notes = []
+    projected = set()
+    for outer, inner, verb in ((tb, ta, "adds"), (ta, tb, "drops")):
+        proj = _projection(outer, inner)
+        if proj is not None:
+            w, b = proj
+            notes.append(f"{verb} a projection of its result: @ {w}" + (f" + {b}" if b else ""))
+            projected |= {w, b}
+            if verb == "adds" and shapes is not None:
+                notes += _factorized(w, ta.leaves & tb.leaves, *shapes)
     ca = Counter(m for m, _, _ in ta.calls)
     cb = Counter(m for m, _, _ in tb.calls)
     for m in sorted(ca.keys() & cb.keys()):
@@ -380,7 +405,8 @@ def describe(ta: Term, tb: Term) -> list[str]:
         notes.append("adds " + ", ".join(_times(m, k) for m, k in sorted(added.items())))
     if removed:
         notes.append("drops " + ", ".join(_times(m, k) for m, k in sorted(removed.items())))
-    gone, new = sorted(ta.leaves - tb.leaves), sorted(tb.leaves - ta.leaves)
+    gone = sorted(ta.leaves - tb.leaves - projected)
+    new = sorted(tb.leaves - ta.leaves - projected)
     if gone:
         notes.append("no longer reads " + ", ".join(gone))
     if new:
@@ -388,6 +414,58 @@ def describe(ta: Term, tb: Term) -> list[str]:
     if not notes:
         notes.append("same modules, arranged differently")
     return notes
+
+
+def _bare(t: Term) -> str:
+    """A term's text with module calls by name only: the same structure whatever sizes the
+    modules are given (an LN over E rather than H)."""
+    if not t.args:
+        return t.text
+    if t.op == "member":
+        return t.text
+    head = t.module if t.op == "call" else t.head
+    return f"{head}({', '.join(_bare(a) for a in t.args)})"
+
+
+def _param(t: Term) -> str | None:
+    return t.text[len("param "):] if t.op is None and t.text.startswith("param ") else None
+
+
+def _projection(outer: Term, inner: Term) -> tuple[str, str | None] | None:
+    """(W, b) when `outer` is `inner` followed by `@ W` or `@ W + b`, with parameters W and
+    b (up to the sizes inner's modules are given); None otherwise."""
+    node, bias = outer, None
+    if node.op == "add" and len(node.args) == 2:
+        names = [_param(a) for a in node.args]
+        if sum(x is not None for x in names) == 1:
+            bias = next(x for x in names if x is not None)
+            node = next(a for a, x in zip(node.args, names) if x is None)
+    if node.op != "matmul" or len(node.args) != 2 or _param(node.args[1]) is None:
+        return None
+    if _bare(node.args[0]) != _bare(inner):
+        return None
+    return _param(node.args[1]), bias
+
+
+def _factorized(w: str, both: set[str], shapes_a: dict, shapes_b: dict) -> list[str]:
+    """A parameter read on both sides whose last axis shrank to the projection's input: the
+    one matrix became a product of two (ALBERT's V x H embedding as V x E times E x H)."""
+    sw = shapes_b.get(w)
+    if sw is None or len(sw) != 2:
+        return []
+    shrunk = []
+    for p in sorted(both):
+        sa, sb = shapes_a.get(p), shapes_b.get(p)
+        if sa and sb and sa != sb and sa[:-1] == sb[:-1] and sb[-1] == sw[0] \
+                and sa[-1] == sw[1]:
+            shrunk.append(f"{p} [{', '.join(sa)}] → [{', '.join(sb)}]")
+    if not shrunk:
+        return []
+    return [f"factorized through {w} [{', '.join(sw)}]: " + ", ".join(shrunk)]
+
+
+def _model_param_shapes(side: Side) -> dict[str, list[str]]:
+    return {p.name: [format_poly(d) for d in p.type.shape] for p in side.model.params}
 
 
 def _times(m: str, k: int) -> str:
@@ -426,6 +504,7 @@ def _function_form(fn: ir.Function) -> dict:
         def __init__(self):
             self.inputs, self.params, self.defs = set(), params, defs
             self.prev, self.last, self.inline, self.reals = {}, {}, set(), {}
+            self.stack = {}
 
         def _value(self, name, ident, layer, memo, top=False):  # noqa: ARG002 - Body's signature
             if name in args:
@@ -489,7 +568,7 @@ def _rows(side: Side, counts) -> dict[str, dict]:
     rows: dict[str, dict] = {}
     for name, per, copies in per_module(side.sym.count):
         rows[name] = {"module": instances.get(name, "parameter"), "formula": per * copies,
-                      "value": None}
+                      "per": per, "copies": copies, "value": None}
     if counts is not None:
         for name, per, copies in per_module(counts):
             if name in rows:
@@ -504,6 +583,7 @@ def compare(a: Side, b: Side) -> dict:
     pairs = matcher.run()
     equations = []
     instance_map: dict[str, str] = {}  # a's instance -> b's
+    shapes = (_model_param_shapes(a), _model_param_shapes(b))
     for p in pairs:
         if p.a and p.b:
             by_mod_a: dict[str, list[str]] = {}
@@ -521,7 +601,8 @@ def compare(a: Side, b: Side) -> dict:
             "change": "changed" if p.a and p.b else "removed" if p.a else "added",
             "a": _statement_text(a, ba, p.a, p.term_a) if p.a else None,
             "b": _statement_text(b, bb, p.b, p.term_b) if p.b else None,
-            "notes": describe(p.term_a, p.term_b) if p.a and p.b and not p.same else [],
+            "notes": describe(p.term_a, p.term_b, shapes)
+            if p.a and p.b and not p.same else [],
         }
         if layers:
             entry["layers"] = layers
@@ -608,16 +689,21 @@ def compare(a: Side, b: Side) -> dict:
                 modules.append(entry)
     modules += [{"change": "added", "name": m} for m in ub if m not in ua]
 
+    sharing = _sharing(a, b, instance_map)
+
     # parameter counts
     ra = _rows(a, a.cfg.count if a.cfg else None)
     rb = _rows(b, b.cfg.count if b.cfg else None)
     counts = []
     b_done = set()
+    copies_changed: list[tuple[dict, dict]] = []
     for name, row in ra.items():
         other = instance_map.get(name, name)
         rowb = rb.get(other)
         if rowb is not None:
             b_done.add(other)
+            if row["per"] == rowb["per"] and row["copies"] != rowb["copies"]:
+                copies_changed.append((row, rowb))
         counts.append(_count_row(name, row, other if rowb else None, rowb))
     for name, row in rb.items():
         if name not in b_done:
@@ -635,6 +721,7 @@ def compare(a: Side, b: Side) -> dict:
     total = {
         "formula_a": format_poly(total_a), "formula_b": format_poly(total_b),
         "delta_formula": _signed(delta), "delta_expanded": expanded and _signed_text(expanded),
+        "delta_grouped": _grouped(copies_changed, delta),
         "a": a.cfg.total if a.cfg else None, "b": b.cfg.total if b.cfg else None,
     }
     if a.cfg and b.cfg:
@@ -648,26 +735,88 @@ def compare(a: Side, b: Side) -> dict:
               "config": b.cfg.name if b.cfg else None},
         "hyperparameters": hypers, "values": values,
         "inputs": inputs, "outputs": outputs,
-        "modules": modules, "equations": equations, "parameters": params,
-        "counts": counts, "total": total,
+        "modules": modules, "equations": equations, "sharing": sharing,
+        "parameters": params, "counts": counts, "total": total,
     }
     report["equivalent"] = not any(report[k] for k in (
-        "hyperparameters", "inputs", "outputs", "modules", "equations", "parameters")) and \
-        delta == Poly()
+        "hyperparameters", "inputs", "outputs", "modules", "equations", "sharing",
+        "parameters")) and delta == Poly()
     return report
+
+
+def _grouped(changed: list[tuple[dict, dict]], delta: Poly) -> str | None:
+    """The total change with the instances whose number of copies changed gathered under
+    their common factor: `-(L - 1)*(...) + rest` for layers that became shared."""
+    groups: dict[Poly, Poly] = {}
+    for ra, rb in changed:
+        more = rb["copies"] - ra["copies"]
+        groups[more] = groups.get(more, Poly()) + ra["per"]
+    if not groups:
+        return None
+    parts, rest = [], delta
+    for more, per in groups.items():
+        rest = rest - more * per
+        text = format_poly(more)
+        sign = "-" if text.startswith("-") else "+"
+        more = -more if sign == "-" else more
+        parts.append(f"{sign} {_factor(format_poly(more), more)}*{_factor(format_poly(per), per)}")
+    if rest != Poly():
+        rest_text = _signed(rest)
+        parts.append(f"{rest_text[0]} {rest_text[1:]}")
+    text = " ".join(parts)
+    return text[0] + text[2:]  # `+ x - y` as `+x - y`, like the other formulas
+
+
+def _layer_instances(side: Side) -> dict[str, tuple[str, bool, str]]:
+    """Each instance used inside a `layers` block: (module, shared across the layers, the
+    number of layers)."""
+    out = {}
+    for item in side.model.body:
+        if isinstance(item, ir.Loop):
+            for e in item.body:
+                if e.op == "call":
+                    inst = e.attrs["instance"]
+                    out[inst] = (e.attrs["module"], inst in item.shared, format_poly(item.hi))
+    return out
+
+
+def _sharing(a: Side, b: Side, instance_map: dict[str, str]) -> list[dict]:
+    """Instances of the layers that became one for all layers (ALBERT), or one per layer."""
+    ia, ib = _layer_instances(a), _layer_instances(b)
+    out = []
+    for name, (module, shared, _) in ia.items():
+        other = instance_map.get(name, name)
+        if other in ib and ib[other][1] != shared:
+            out.append({"change": "shared" if ib[other][1] else "unshared", "a": name,
+                        "b": other, "module": module, "layers": ib[other][2]})
+    return out
 
 
 def _count_row(na, ra, nb, rb) -> dict:
     fa = ra["formula"] if ra else Poly()
     fb = rb["formula"] if rb else Poly()
+    delta = _signed(fb - fa)
+    if ra and rb and ra["per"] == rb["per"] and ra["copies"] != rb["copies"]:
+        # the same instance, a different number of copies (shared across layers, or not):
+        # say it as (change in copies) * (one copy)
+        more = rb["copies"] - ra["copies"]
+        text = format_poly(more)
+        sign = "-" if text.startswith("-") else "+"
+        more = -more if sign == "-" else more
+        delta = (f"{sign}{_factor(format_poly(more), more)}*"
+                 f"{_factor(format_poly(rb['per']), rb['per'])}")
     row = {"a": na, "b": nb, "module": (rb or ra)["module"],
            "formula_a": format_poly(fa) if ra else None,
            "formula_b": format_poly(fb) if rb else None,
-           "delta_formula": _signed(fb - fa),
+           "delta_formula": delta,
            "value_a": ra["value"] if ra else None, "value_b": rb["value"] if rb else None}
     if (ra is None or ra["value"] is not None) and (rb is None or rb["value"] is not None):
         row["delta"] = (rb["value"] if rb else 0) - (ra["value"] if ra else 0)
     return row
+
+
+def _factor(text: str, p: Poly) -> str:
+    return text if len(p.terms) == 1 and "-" not in text.lstrip("-") else f"({text})"
 
 
 def _signed(p: Poly) -> str:
@@ -860,6 +1009,13 @@ def format_text(r: dict, color: bool = False) -> str:
             for g in e.get("layers", []):
                 what = "same" if g["same"] else g["notes"]
                 out.append(paint(f"      {g['layers']}: {what}", "cyan", color))
+    if r.get("sharing"):
+        section("layer sharing")
+        for d in r["sharing"]:
+            name = d["a"] if d["a"] == d["b"] else f"{d['a']} → {d['b']}"
+            one, all_ = "one per layer", f"one for all {d['layers']} layers"
+            was, now = (one, all_) if d["change"] == "shared" else (all_, one)
+            out.append(f"  {mark('changed')} {name} ({d['module']}): {was} → {now}")
     if r["parameters"]:
         section("parameters")
         rows = []
@@ -885,13 +1041,14 @@ def format_text(r: dict, color: bool = False) -> str:
             if numbers:
                 row += (_n(c["value_a"]), _n(c["value_b"]), _d(c.get("delta")))
             rows.append(row)
-        total = ("total", "", t["delta_formula"])
+        grouped = t.get("delta_grouped")
+        total = ("total", "", grouped or t["delta_formula"])
         if numbers:
             total += (f"{t['a']:,}", f"{t['b']:,}", _d(t.get("delta")))
         rows.append(total)
         out += table(rows, {3, 4, 5}, "  ", color=color)
         out.append("")
-        formula = f"N({lb}) - N({la}) = {t['delta_formula']}"
+        formula = f"N({lb}) - N({la}) = {grouped or t['delta_formula']}"
         if t["delta_expanded"]:
             formula += f" = {t['delta_expanded']}"
         if numbers and t.get("delta"):

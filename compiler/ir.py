@@ -187,7 +187,19 @@ class Loop(_Base):
     shared: list[str] = Field(default_factory=list)
     results: list[tuple[str, str]] = Field(default_factory=list)  # (X^(l), X^(L)): the last
     # layer's value of X^(l) is X^(L) after the layers
+    stacks: list[tuple[str, str]] = Field(default_factory=list)  # (X^(l), X^(1..L)) or
+    # (X^(l-1), X^(0..L-1)): every layer's value, stacked on a new first axis
     span: Span | None = None
+
+
+class SharedWith(_Base):
+    """`share W_e, ln with "other.fgpt"`: parameters this model has in common with another
+    spec's model (ELECTRA's generator and discriminator), counted once when both are."""
+
+    spec: str  # as written, relative to the declaring file's folder
+    names: list[str]  # model parameters and instances outside the layers
+    span: Span | None = None
+    spec_span: Span | None = None
 
 
 class Model(_Base):
@@ -199,6 +211,34 @@ class Model(_Base):
     outputs: list[Value]
     param_uses: dict[str, list[str]] = Field(default_factory=dict)  # param -> sections
     span: Span | None = None
+    shared_with: list[SharedWith] = Field(default_factory=list)
+
+
+def sequence_symbols(model: Model) -> set[str]:
+    """The sizes that vary from run to run: the length of token ids and permutations, and
+    every axis but the last (the features) of a real input. Loop bounds and family sizes
+    stay fixed: they decide the structure of the computation."""
+    fixed = {s for item in model.body if isinstance(item, Loop)
+             for b in (item.lo, item.hi) if isinstance(b, Poly) for s in b.symbols()}
+    out: set[str] = set()
+    for v in model.inputs:
+        t = v.type
+        if t.family is not None and isinstance(t.family, Poly):
+            fixed |= t.family.symbols()
+        axes = t.shape if t.dtype != "real" else t.shape[:-1]
+        for d in axes:
+            if isinstance(d, Poly):
+                out |= d.symbols()
+    return out - fixed
+
+
+def state_pairs(model: Model) -> list[tuple[str, str]]:
+    """(output, input) for each output that is the next value of an input: `Mem'` of `Mem`.
+    A caller feeds such an output back as that input on its next call (a recurrent state,
+    Transformer-XL's memory)."""
+    inputs = {v.name for v in model.inputs}
+    return [(o.name, o.name[:-1]) for o in model.outputs
+            if o.name.endswith("'") and o.name[:-1] in inputs]
 
 
 def used_modules(model: Model, functions: dict[str, Function]) -> list[str]:

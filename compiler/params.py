@@ -33,6 +33,7 @@ class Entry:
     guards: list[ir.Guard] = field(default_factory=list)
     span: object = None
     layers: Poly | None = None  # the layer copies alone (copies without family members)
+    loop: int = 0  # which `layers` block (0 for the first) when in_layers
 
     def __post_init__(self) -> None:
         if self.layers is None:
@@ -73,9 +74,14 @@ def count(model: ir.Model, functions: dict[str, ir.Function], layer_env: dict | 
                              _numel(p.type.shape, p.type.family), Poly.const(1), False, False,
                              span=p.span))
     outside: set[str] = set()  # instances outside the layers, across the whole model
+    loops = 0
     for item in model.body:
         if isinstance(item, ir.Loop):
+            first = len(entries)
             _count_block(item.body, functions, entries, item, layer_env, set())
+            for entry in entries[first:]:
+                entry.loop = loops
+            loops += 1
         else:
             _count_block([item], functions, entries, None, layer_env, outside)
     tied = {name: sections for name, sections in model.param_uses.items() if len(sections) > 1}
@@ -92,7 +98,11 @@ def _count_block(eqns: list[Eqn], functions, entries: list[Entry], loop: ir.Loop
             continue
         seen.add(inst)
         shared = loop is not None and inst in loop.shared
-        if loop is None or shared:
+        if loop is None and e.guards:  # a condition on sizes alone: `... if E != H else ...`
+            layers = _where(e.guards, layer_env)
+            if layers == Poly():
+                continue
+        elif loop is None or shared:
             layers = Poly.const(1)
         else:
             layers = _layers_where(loop, e.guards, layer_env)
@@ -123,6 +133,17 @@ def _instance(functions, module: str, bindings: dict, path: tuple[str, ...], lay
             inner_members = members * e.family[1].subs(env)
         _instance(functions, e.attrs["module"], inner, path + (e.attrs["instance"],),
                   layers, inner_members, in_layers, shared, guards, entries)
+
+
+def _where(guards: list[ir.Guard], env: dict | None) -> Poly:
+    """1 or 0 for an instance outside the layers under conditions on hyperparameters; with
+    the sizes symbolic, the condition as a factor that is 1 where it holds: `[E != H]`."""
+    if env is not None:
+        return Poly.const(int(all(guard_holds(g, env) for g in guards)))
+    out = Poly.const(1)
+    for g in guards:
+        out = out * Poly.sym(f"[{g}]")
+    return out
 
 
 def _layers_where(loop: ir.Loop, guards: list[ir.Guard], layer_env: dict | None) -> Poly:

@@ -253,7 +253,10 @@ class _ToSyntax(Transformer):
 
     @v_args(meta=True)
     def share(self, meta, children):
-        return S.Share(self._span(meta), [str(c) for c in children])
+        *names, spec = children
+        return S.Share(self._span(meta), [str(c) for c in names],
+                       str(spec)[1:-1] if spec is not None else None,
+                       self._tspan(spec) if spec is not None else None)
 
     @v_args(meta=True)
     def loop(self, meta, children):
@@ -437,6 +440,12 @@ class _ToSyntax(Transformer):
     @v_args(meta=True)
     def layer_ref(self, meta, children):
         return S.LayerRef(self._span(meta), children[0], children[1])
+
+    @v_args(meta=True)
+    def layer_range(self, meta, children):
+        # X^(1..L): every layer's value, one LayerRef whose layer is a range
+        span = self._span(meta)
+        return S.LayerRef(span, children[0], S.RangeSlice(span, children[1], children[2]))
 
     @v_args(meta=True)
     def superscript(self, meta, children):

@@ -8,6 +8,7 @@ Nothing here imports torch or onnx.
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
@@ -412,6 +413,9 @@ class Spec:
                 d = _check_expectation(exp, cfg, label)
                 if d is not None:
                     (errors if d.severity == "error" else warnings).append(d)
+        if sym.model.shared_with:
+            from .sharing import check as check_shared
+            errors.extend(check_shared(self, sym))
         return _dedupe(errors), warnings
 
 
@@ -597,13 +601,16 @@ def load(path: str, text: str | None = None) -> Spec:
     return Spec(path, sources, file, modules)
 
 
+_HYPER_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*'*(\^[A-Za-z][A-Za-z0-9_]*)?")
+
+
 def parse_set(item: str) -> tuple[str, Fraction | float]:
     """`H=768` -> ("H", 768); raises ValueError with a message."""
     if "=" not in item:
         raise ValueError(f"--set expects NAME=VALUE, got {item!r}")
     name, _, value = item.partition("=")
     name, value = name.strip(), value.strip()
-    if not name.isidentifier():
+    if not _HYPER_NAME.fullmatch(name):  # a name as the language writes it: c^loc, n'
         raise ValueError(f"--set: {name!r} is not a hyperparameter name")
     from lark import Token
     try:

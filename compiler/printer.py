@@ -89,10 +89,15 @@ def format_model(m: ir.Model, functions: dict[str, ir.Function] | None = None) -
             if item.results:
                 lines.append("  yields " + ", ".join(f"{outer} = {inner}"
                                                      for inner, outer in item.results))
+            if item.stacks:
+                lines.append("  stacks " + ", ".join(f"{outer} = {inner} for each layer"
+                                                     for inner, outer in item.stacks))
         else:
             lines.append("  " + format_eqn(item))
     for v in m.outputs:
         lines.append(f"  output {v.name}: {format_type(v.type)}")
+    for d in m.shared_with:
+        lines.append(f"  shares {', '.join(d.names)} with {d.spec}")
     return "\n".join(lines) + "\n"
 
 

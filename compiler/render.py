@@ -53,6 +53,8 @@ class TeX:
         if hat:
             core = r"\hat{" + core + "}"
         if sub:
+            if "_" in core:  # Vv_i: a labelled symbol takes the index as a group
+                core = "{" + core + "}"
             core += "_" + _group(self.script(sub))
         if sup == "T":
             core += r"^\top"
@@ -173,7 +175,10 @@ class TeX:
 
     def layer(self, base: str, layer: S.Expr) -> str:
         # a base that already has a superscript gets the layer on a group of its own
-        sup = "{(" + self.expr(layer) + ")}"
+        if isinstance(layer, S.RangeSlice):  # X^(1..L): every layer's value
+            sup = "{(" + self.expr(layer.lo) + r", \ldots, " + self.expr(layer.hi) + ")}"
+        else:
+            sup = "{(" + self.expr(layer) + ")}"
         return f"{{{base}}}^{sup}" if "^" in base else f"{base}^{sup}"
 
     # -- types
@@ -396,6 +401,8 @@ def _value_types(model: ir.Model) -> dict[str, ir.TensorType]:
                 out[v.name] = v.type
         if isinstance(item, ir.Loop):
             out.update((outer, out[inner]) for inner, outer in item.results if inner in out)
+            out.update((outer, out[inner].with_shape((item.hi, *out[inner].shape)))
+                       for inner, outer in item.stacks if inner in out)
     for v in model.outputs:
         out[v.name] = v.type
     return out
@@ -555,6 +562,11 @@ def dot(spec, cfg) -> str:
                     g.edge(produced[c.result], produced[c.inner], "next layer", dashed=True)
                 for inner, outer in item.results:
                     produced[outer] = produced.get(inner, "")
+                for inner, outer in item.stacks:  # every layer's value, stacked
+                    if inner in produced:
+                        stacked = g.node(outer, f"{inner} for each layer", "box3d", "#dcfce7")
+                        g.edge(produced[inner], stacked, _shape_label(types.get(inner)))
+                        produced[outer] = stacked
         else:
             emit(item, "")
     for v in model.outputs:

@@ -141,6 +141,22 @@ class Statics:
             return Poly.apply(e.func, *args)
         if isinstance(e, S.Inf):
             return math.inf
+        if isinstance(e, S.IfExp):
+            # decided when the sizes are known; else `[cond]` times one branch plus
+            # `[not (cond)]` times the other, as parameter counts write an instance that
+            # exists only under a condition on sizes
+            try:
+                holds = _eval_condition(e.cond, names, None)
+            except _Undecided:
+                holds = None
+            if holds is not None:
+                return self._eval(e.then if holds else e.orelse, names)
+            text = _cond_text(e.cond)
+            then, orelse = self._eval(e.then, names), self._eval(e.orelse, names)
+            if isinstance(then, float) or isinstance(orelse, float):
+                raise FgcError("a size that depends on a condition must be whole", e.span)
+            return Poly.sym(f"[{ir.Guard(text=text)}]") * then + \
+                Poly.sym(f"[{ir.Guard(text=text, positive=False)}]") * orelse
         raise FgcError("expected a size expression (numbers, hyperparameters, + - * /)",
                        _span_of(e))
 
@@ -449,6 +465,7 @@ class _Body:
         self.section = "body"
         self.mask_products: dict[str, Span | None] = {}
         self._cse: dict[tuple, Ref] = {}
+        self._stacks: dict[str, tuple[ir.Loop, int]] = {}  # unnamed X^(1..L) -> its entry
 
     # bookkeeping delegated to the elaborator
     def _fresh(self) -> str:
@@ -510,7 +527,11 @@ class _Body:
 
     def bind(self, name: str, ref: Ref, span: Span | None) -> Ref:
         """Give a computed value a name; a fresh temporary is renamed in place."""
-        if self.block and isinstance(self.block[-1], Eqn) and ref.op.name is not None \
+        if ref.op.name in self._stacks and not name.startswith("%"):
+            loop, k = self._stacks.pop(ref.op.name)
+            loop.stacks[k] = (loop.stacks[k][0], name)
+            ref = Ref(Operand(name=name), ref.type)
+        elif self.block and isinstance(self.block[-1], Eqn) and ref.op.name is not None \
                 and ref.op.name.startswith("%") and self.block[-1].outs[0].name == ref.op.name \
                 and len(self.block[-1].outs) == 1:
             old = ref.op.name
@@ -669,13 +690,37 @@ class _Body:
         finally:
             self.guards.pop()
         if a.type.dtype != b.type.dtype or len(a.type.shape) != len(b.type.shape) or not all(
-                (x == y) if isinstance(x, Ell) or isinstance(y, Ell) else self.hypers.same(x, y)
+                (x == y) if isinstance(x, Ell) or isinstance(y, Ell) else
+                self.hypers.same(x, y) or self._same_where_equal(e.cond, x, y)
                 for x, y in zip(a.type.shape, b.type.shape)):
             raise FgcError(f"the two branches of this conditional differ: {fmt(a.type)} when "
                            f"`{text}`, {fmt(b.type)} otherwise", e.span,
                            "both branches must have the same shape")
-        out = a.type.model_copy(update={"neg_inf": a.type.neg_inf or b.type.neg_inf})
+        # the result has the shape of a branch taken for any sizes: the `else` of `p == q`
+        taken = b if isinstance(e.cond, S.Compare) and e.cond.op == "==" else a
+        out = taken.type.model_copy(update={"neg_inf": a.type.neg_inf or b.type.neg_inf})
         return self.emit("cond", [a, b], out, e.span, {"guard": text})
+
+    def _same_where_equal(self, cond: S.Expr, x: Poly, y: Poly) -> bool:
+        """Whether two sizes agree in the branch where a condition `p == q` (or the `else`
+        of `p != q`) holds: `X @ W if E != H else X` is R[n, H] either way, since the `else`
+        is taken only when E equals H. Only such equalities of sizes are used."""
+        if not isinstance(cond, S.Compare) or cond.op not in ("==", "!="):
+            return False
+        try:
+            p = Statics(dict(self.scope.symbols), "").eval(cond.left)
+            q = Statics(dict(self.scope.symbols), "").eval(cond.right)
+        except FgcError:
+            return False
+        if not (isinstance(p, Poly) and isinstance(q, Poly)):
+            return False
+        p, q = self.hypers.expand(p), self.hypers.expand(q)
+        for lhs, rhs in ((p, q), (q, p)):
+            name = next(iter(lhs.symbols()), None)
+            if name is not None and lhs == Poly.sym(name) and name not in rhs.symbols():
+                return self.hypers.expand(x).subs({name: rhs}) == \
+                    self.hypers.expand(y).subs({name: rhs})
+        return False
 
     def static_condition(self, cond: S.Expr) -> bool | str | None:
         """True/False when decidable now, the condition's text when it depends on the
@@ -718,6 +763,8 @@ class _Body:
     def e_LayerRef(self, e: S.LayerRef) -> Ref:
         if not isinstance(e.base, S.Name):
             raise FgcError("a layer index ^(l) follows a name, as in H^(l-1)", e.span)
+        if isinstance(e.layer, S.RangeSlice):
+            return self._layer_stack(e.base.name, e.layer, e.span)
         name = self._layer_name(e.base.name, e.layer, e.span, define=False)
         ref = self.scope.values.get(name)
         if ref is POISON:
@@ -725,6 +772,48 @@ class _Body:
         if ref is None:
             raise FgcError(f"`{name}` is not defined", e.span, self._layer_hint(e.base.name, name))
         return ref
+
+    def _layer_stack(self, base: str, rng: S.RangeSlice, span: Span) -> Ref:
+        """`X^(1..L)`, after a block over 1..L: every layer's X^(l), stacked on a new first
+        axis; `X^(0..L-1)`: what a carried X is as each layer starts."""
+        written = f"{base}^({_show_expr(rng.lo)}..{_show_expr(rng.hi)})"
+        if self.loop is not None:
+            raise FgcError(f"`{written}` reads every layer's value: it belongs after the "
+                           "layers", span)
+        lo = self.statics.eval(rng.lo, self.scope.symbols)
+        hi = self.statics.eval(rng.hi, self.scope.symbols)
+        for loop, top in reversed(self.finished_loops):
+            var = loop.var
+            defined = {inner: outer for inner, outer in loop.results}
+            carried = {c.name: c for c in loop.carried}
+            if f"{base}^({var})" not in defined and base not in carried:
+                continue
+            if isinstance(lo, Poly) and isinstance(hi, Poly) and self.hypers.same(lo, ONE) \
+                    and self.hypers.same(hi, loop.hi) and f"{base}^({var})" in defined:
+                inner = f"{base}^({var})"
+            elif isinstance(lo, Poly) and isinstance(hi, Poly) and \
+                    self.hypers.same(lo, Poly.const(0)) and base in carried and \
+                    self.hypers.same(hi, loop.hi - ONE):
+                inner = carried[base].inner
+            else:
+                raise FgcError(
+                    f"`{written}`: a stack runs over all the layers", span,
+                    f"`{base}^(1..{top})` stacks each layer's `{base}^({var})`" +
+                    (f"; `{base}^(0..{top}-1)` what each layer starts from" if base in carried
+                     else ""))
+            last = self.scope.values.get(defined.get(f"{base}^({var})", ""))
+            if last is POISON:
+                raise Poisoned()
+            t = last.type if last is not None else None
+            if t is None or t.family is not None:
+                raise FgcError(f"`{written}`: only a single value can be stacked, not a family",
+                               span)
+            tmp = self._fresh()
+            loop.stacks.append((inner, tmp))
+            self._stacks[tmp] = (loop, len(loop.stacks) - 1)
+            return Ref(Operand(name=tmp), t.with_shape((loop.hi, *t.shape)))
+        raise FgcError(f"`{written}`: no `layers` block before it defines `{base}^(l)`", span,
+                       "X^(1..L) stacks the values a layers block gives X^(l), after the block")
 
     def _layer_hint(self, base: str, name: str) -> str | None:
         known = [k for k in self.scope.values if k.startswith(base + "^(")]
@@ -781,6 +870,7 @@ class _Body:
         return None
 
     loop_results: list[tuple[str, Poly]] = []
+    finished_loops: list[tuple[ir.Loop, str]] = []  # each block, with its bound as written
 
     def _carried(self, base: str, span: Span) -> str:
         loop = self.loop
@@ -1538,6 +1628,7 @@ class ModelElaborator(_Body):
         super().__init__(top, hypers)
         self.model = model
         self.loop_results: list[tuple[str, Poly]] = []
+        self.finished_loops: list[tuple[ir.Loop, str]] = []
         self.share_spans: dict[int, list[tuple[str, Span]]] = {}
         self.output_names: set[str] = set()
         self.def_spans: dict[str, Span] = {}
@@ -1563,6 +1654,7 @@ class ModelElaborator(_Body):
                 self.top.diagnostics.extend(e.diagnostics)
         body: list = []
         outputs: list[Value] = []
+        shared_with: list[S.Share] = []
         self.section = "embedding"
         seen_loop = False
         for stmt in m.statements:
@@ -1579,9 +1671,13 @@ class ModelElaborator(_Body):
                 if not seen_loop:
                     self.section = "output"
                 self.statement(stmt, lambda s: outputs.append(self.output(s)))
+            elif isinstance(stmt, S.Share) and stmt.spec is not None:
+                shared_with.append(stmt)
             elif isinstance(stmt, S.Share):
                 self.top._error("`share` belongs inside the layers", stmt.span,
-                                "put it in the `layers` block whose modules it shares")
+                                "put it in the `layers` block whose modules it shares; "
+                                "outside them, `share NAME, ... with \"other.fgpt\"` "
+                                "shares with another spec")
             else:
                 self.statement(stmt, self.equation)
         body.extend(self.block)
@@ -1596,7 +1692,40 @@ class ModelElaborator(_Body):
         return ir.Model(
             name=m.name, inputs=inputs, params=params, outputs=outputs,
             param_uses={k: sorted(v) for k, v in self.param_uses.items()},
-            span=m.span, body=body)
+            span=m.span, body=body,
+            shared_with=[self._shared_with(st, body, params) for st in shared_with])
+
+    def _shared_with(self, st: S.Share, body: list, params: list[ir.Param]) -> ir.SharedWith:
+        """`share W_e, ln with "other.fgpt"`: each name is a model parameter or a module use
+        outside the layers (by label, or by module for a module used once there). Whether
+        the other spec has them, with the same shapes, is checked against that spec."""
+        calls = [e for e in body if not isinstance(e, ir.Loop) and e.op == "call"]
+        instances = {e.attrs["instance"] for e in calls}
+        in_layers = {e.attrs["instance"] for item in body if isinstance(item, ir.Loop)
+                     for e in item.body if e.op == "call"}
+        names: list[str] = []
+        seen: set[str] = set()
+        for name in st.names:
+            if name in seen:
+                self.top._error(f"`{name}` is named twice", st.span)
+                continue
+            seen.add(name)
+            by_module = sorted({e.attrs["instance"] for e in calls if e.attrs["module"] == name})
+            if any(p.name == name for p in params) or name in instances:
+                names.append(name)
+            elif len(by_module) == 1:
+                names.append(by_module[0])
+            elif name in in_layers:
+                self.top._error(f"`share {name} with ...`: `{name}` is used inside the layers",
+                                st.span, "only parameters and module uses outside the layers "
+                                "can be shared with another spec")
+            elif self.hypers.numeric:
+                continue  # a use under a condition on sizes that does not hold here
+            else:
+                self.top._error(f"`share {name} with ...`: no parameter or module use named "
+                                f"`{name}` outside the layers", st.span,
+                                _suggest(name, [p.name for p in params] + sorted(instances)))
+        return ir.SharedWith(spec=st.spec, names=names, span=st.span, spec_span=st.spec_span)
 
     def _expand_shared(self, loop: ir.Loop, shared: list[tuple[str, Span]]) -> list[str]:
         """`share X`: X is an instance (a label, `LN_2`) or a module, meaning all its uses."""
@@ -1645,7 +1774,22 @@ class ModelElaborator(_Body):
                 self.scope.values[name].op.name != ref.op.name:
             raise FgcError(f"output `{name}` reuses the name of a value", o.span)
         ref = self.bind(name, ref, o.span)
+        state = self.scope.values.get(name[:-1]) if name.endswith("'") else None
+        if state is not None and any(v.name == name[:-1] for v in self.model.inputs):
+            self._check_state(name, ref.type, state.type, o.span)
         return Value(name=ref.op.name, type=ref.type)
+
+    def _check_state(self, name: str, out: TensorType, inp: TensorType, span: Span) -> None:
+        """`output Mem' = ...` is the next call's `Mem`: it must fit that input (sizes that
+        are still symbols are compared when they are numbers, per configuration)."""
+        fits = out.dtype == inp.dtype and len(out.shape) == len(inp.shape) and all(
+            self.hypers.same(a, b) or not (self.hypers.expand(a - b).is_const())
+            for a, b in zip(out.shape, inp.shape))
+        if not fits:
+            raise FgcError(f"output `{name}` is the next `{name[:-1]}`, but it is {fmt(out)} "
+                           f"and `{name[:-1]}` is {fmt(inp)}", span,
+                           f"a caller feeds `{name}` back as `{name[:-1]}`: give it the "
+                           "input's type, or another name")
 
     def equation(self, eq: S.Equation) -> None:
         for w in eq.where:
@@ -1711,7 +1855,11 @@ class ModelElaborator(_Body):
         before = dict(self.scope.values)
         try:
             for st in loop.body:
-                if isinstance(st, S.Share):
+                if isinstance(st, S.Share) and st.spec is not None:
+                    self.top._error("`share ... with` shares with another spec and belongs "
+                                    "outside the layers", st.span,
+                                    "inside `layers`, `share NAME` shares across the layers")
+                elif isinstance(st, S.Share):
                     shared.extend((n, st.span) for n in st.names)
                 else:
                     self.statement(st, self.equation)
@@ -1751,6 +1899,7 @@ class ModelElaborator(_Body):
         self.loop_results.append((hi_text, hi))
         ir_loop = ir.Loop(var=loop.var, lo=ONE, hi=hi, body=body, carried=carried,
                           shared=[n for n, _ in shared], span=loop.span, results=results)
+        self.finished_loops.append((ir_loop, hi_text))
         self.share_spans[id(ir_loop)] = shared
         return ir_loop
 

@@ -268,6 +268,8 @@ class Output:
 class Share:
     span: Span
     names: list[str]
+    spec: str | None = None  # `share ... with "other.fgpt"`: shared with another spec
+    spec_span: Span | None = None
 
 
 @dataclass
@@ -293,7 +295,7 @@ class Module:
 @dataclass
 class CkptStep:
     span: Span
-    name: str  # transpose | split | heads
+    name: str  # transpose | split | heads | take | flatten
     args: list[int]
 
 

@@ -2,7 +2,8 @@
 
 The block is data: for each spec parameter, the checkpoint tensor it comes from and the
 steps that reshape it: `transpose`; `split(axis, parts, index)`; `heads(axis)`, which cuts
-an axis of size A·D into the family's A members. Axes and indices are 1-based; `{l}` in a
+an axis of size A·D into the family's A members; `take(axis, index)`, one slice with the axis
+dropped; `flatten(axis)`, which joins an axis and the next. Axes and indices are 1-based; `{l}` in a
 name is the checkpoint's own 0-based layer number. Without a block, the file holds the
 compiled module's own names. Works on numpy arrays: importing weights for the ONNX backend
 must not import torch.
@@ -19,7 +20,7 @@ import numpy as np
 
 from . import ir
 from . import syntax as S
-from .backends.torch.codegen import family_layout
+from .backends.torch.codegen import family_layout, layers_attr
 from .backends.torch.names import ident
 from .errors import Diagnostic, FgcError, Span
 from .params import Entry, as_int
@@ -48,11 +49,11 @@ def read_safetensors(path: str) -> dict[str, np.ndarray]:
                        f"{str(e)[:200]})", None) from None
 
 
-def state_key(entry: Entry, layer: int | None, loop_attr: str = "layers") -> str:
+def state_key(entry: Entry, layer: int | None) -> str:
     """The compiled PyTorch module's name for one parameter tensor."""
     parts = [ident(p) for p in entry.path] + [ident(entry.name)]
     if layer is not None and not entry.shared:
-        parts = [loop_attr, str(layer - 1)] + parts
+        parts = [layers_attr(entry.loop), str(layer - 1)] + parts
     return ".".join(parts)
 
 
@@ -75,7 +76,7 @@ def _layers_of(entry: Entry, cfg) -> list[int | None]:
     if not entry.in_layers or entry.shared:
         return [None]
     copies = as_int(entry.layers)
-    loop = next(item for item in cfg.model.body if isinstance(item, ir.Loop))
+    loop = [item for item in cfg.model.body if isinstance(item, ir.Loop)][entry.loop]
     hi = as_int(loop.hi)
     if copies == hi:
         return list(range(1, hi + 1))
@@ -121,8 +122,28 @@ def _apply(step: S.CkptStep, x: np.ndarray, family: int | None, source: str) -> 
         x = x.reshape(shape)
         # stored with the family axis just before the member's last axis (family_layout)
         return np.moveaxis(x, axis, max(x.ndim - 2, 0))
+    if step.name == "take":
+        if len(args) != 2:
+            raise FgcError("take takes (axis, index), 1-based", step.span)
+        axis, index = args[0] - 1, args[1]
+        if not (0 <= axis < x.ndim) or not (1 <= index <= x.shape[axis]):
+            raise FgcError(f"cannot take entry {index} of axis {args[0]} of {source} "
+                           f"{list(x.shape)}", step.span)
+        return np.take(x, index - 1, axis=axis)
+    if step.name == "flatten":
+        if len(args) != 1:
+            raise FgcError("flatten takes (axis), 1-based: it joins that axis and the next",
+                           step.span)
+        axis = args[0] - 1
+        if not (0 <= axis < x.ndim - 1):
+            raise FgcError(f"cannot join axes {args[0]} and {args[0] + 1} of {source} "
+                           f"{list(x.shape)}", step.span)
+        shape = list(x.shape)
+        shape[axis: axis + 2] = [shape[axis] * shape[axis + 1]]
+        return x.reshape(shape)
     raise FgcError(f"unknown step `{step.name}`", step.span,
-                   "steps are transpose, split(axis, parts, index) and heads(axis)")
+                   "steps are transpose, split(axis, parts, index), heads(axis), "
+                   "take(axis, index) and flatten(axis)")
 
 
 def import_checkpoint(cfg, checkpoint: S.Checkpoint | None, path: str,
@@ -218,8 +239,9 @@ def _at(layer: int | None) -> str:
 def _ignore_patterns(checkpoint: S.Checkpoint | None, cfg) -> set[str]:
     if checkpoint is None:
         return set()
-    loop = next((item for item in cfg.model.body if isinstance(item, ir.Loop)), None)
-    layers = as_int(loop.hi) if loop is not None else 0
+    # `{l}` runs over the longest `layers` block
+    layers = max((as_int(item.hi) for item in cfg.model.body if isinstance(item, ir.Loop)),
+                 default=0)
     out: set[str] = set()
     for pattern in checkpoint.ignore:
         if "{l}" in pattern:

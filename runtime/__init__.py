@@ -2,8 +2,11 @@
 
 `load(folder, provider="auto")` makes an onnxruntime session for `folder/model.onnx`,
 preferring TensorRT/CUDA when a GPU is usable and saying which provider runs and why.
+`run_segments(model, inputs)` runs a long sequence through a model with recurrent state
+(Transformer-XL's memory), segment by segment, with an ONNX session or the PyTorch module.
 """
 
+from .segments import run_segments
 from .session import Model, RuntimeError_, choose_providers, cuda_device, load
 
-__all__ = ["Model", "RuntimeError_", "choose_providers", "cuda_device", "load"]
+__all__ = ["Model", "RuntimeError_", "choose_providers", "cuda_device", "load", "run_segments"]

@@ -136,7 +136,11 @@ class Model:
         summary = check_model_file(path)
         self.meta = summary.metadata
         self.outputs = summary.outputs
+        self.output_specs = json.loads(self.meta.get("fgc.outputs", "[]")) or [
+            {"name": name, "dims": []} for name in self.outputs]
         self.max_length = json.loads(self.meta.get("fgc.max_length", "{}"))
+        # outputs that are the next call's inputs (`Mem'` -> `Mem`): state, empty at first
+        self.state = json.loads(self.meta.get("fgc.state", "{}"))
         providers, self.reason = choose_providers(provider)
         opts = ort.SessionOptions()
         if threads:
@@ -236,7 +240,11 @@ class Model:
                 continue
             dims = [batch if d == "batch" else length if isinstance(d, str) else d
                     for d in spec["dims"]]
-            if spec["dtype"] != "int":
+            if name in self.state.values():  # no state yet: no rows on its length axes
+                out[name] = np.zeros([batch if d == "batch" else 0 if isinstance(d, str) else d
+                                      for d in spec["dims"]], np.float32)
+                self.notes.append(f"{name} not given: empty (the first segment)")
+            elif spec["dtype"] != "int":
                 out[name] = np.zeros(dims, np.float32)
                 self.notes.append(f"{name} not given: zeros")
             elif spec.get("perm"):
@@ -283,7 +291,7 @@ class Model:
                     if limit is not None and got > limit:
                         raise RuntimeError_(f"input {name} has {got} positions; the model "
                                             f"takes at most {limit}")
-                    if got < 1:
+                    if got < 1 and name not in self.state.values():  # state may be empty
                         raise RuntimeError_(f"input {name} is empty")
                 elif got != d:
                     raise RuntimeError_(f"input {name} has shape {list(x.shape)}; it takes "
@@ -308,6 +316,12 @@ class Model:
             raise RuntimeError_(f"onnxruntime failed: {str(e)[:300]}") from None
         self._save_stamp()
         return dict(zip(self.outputs, values))
+
+    def run_segments(self, inputs: dict[str, np.ndarray], segment: int | None = None,
+                     state: dict[str, np.ndarray] | None = None):
+        """A long sequence, segment by segment, carrying the state: see runtime.segments."""
+        from .segments import run_segments
+        return run_segments(self, inputs, segment, state)
 
     def describe(self, result: dict[str, np.ndarray], top: int = 5) -> list[str]:
         lines = []

@@ -2,7 +2,8 @@
 
 A block whose info string is `fgpt fragment` is a piece of a file and is skipped; every
 other `fgpt` block must be a whole file that checks, without warnings. All files go to
-one `fgc check` run.
+one `fgc check` run, in one folder; `fgpt file=NAME.fgpt` names a block's file, so that
+another block can refer to it (`share ... with "NAME.fgpt"`).
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<info>[^\n`]*)\n(?P<body>.*?)^(?P=
                    re.S | re.M)
 
 
-def fgpt_blocks() -> list[tuple[int, str, bool]]:
-    """(line of the opening fence, code, is_fragment) for each ```fgpt block."""
+def fgpt_blocks() -> list[tuple[int, str, bool, str | None]]:
+    """(line of the opening fence, code, is_fragment, file name or None) for each ```fgpt
+    block."""
     text = DOC.read_text(encoding="utf-8")
     out = []
     for m in FENCE.finditer(text):
@@ -27,7 +29,8 @@ def fgpt_blocks() -> list[tuple[int, str, bool]]:
         if not info or info[0] != "fgpt":
             continue
         line = text.count("\n", 0, m.start()) + 1
-        out.append((line, textwrap.dedent(m.group("body")), "fragment" in info[1:]))
+        name = next((w.removeprefix("file=") for w in info[1:] if w.startswith("file=")), None)
+        out.append((line, textwrap.dedent(m.group("body")), "fragment" in info[1:], name))
     return out
 
 
@@ -38,11 +41,11 @@ def test_doc_has_complete_examples():
 
 def test_every_complete_example_checks(tmp_path):
     files = []
-    for line, code, fragment in fgpt_blocks():
+    for line, code, fragment, name in fgpt_blocks():
         if fragment:
             continue
         # named after the block's line, so a failure points at the doc
-        path = tmp_path / f"language.md-line{line}.fgpt"
+        path = tmp_path / (name or f"language.md-line{line}.fgpt")
         path.write_text(code, encoding="utf-8")
         files.append(str(path))
     r = fgc("check", *files)

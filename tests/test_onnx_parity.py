@@ -28,7 +28,10 @@ ort = pytest.importorskip("onnxruntime")
 TOL = 1e-4
 SPECS = [p.relative_to(ROOT).as_posix() for p in all_specs()]
 TINY = {"L": 2, "H": 16, "A": 2, "V": 50, "n": 8}
-EXTRA = {"specs/formal/gpt3.fgpt": {"D": 5, "w": 3}}
+EXTRA = {"specs/formal/gpt3.fgpt": {"D": 5, "w": 3},
+         # LSH: chunks of 2 (local: 4), two hash rounds, buckets [2, 2]; runs of 5 are padded
+         "specs/reformer.fgpt": {"D": 8, "F": 24, "n1": 2, "n2": 4, "d1": 4, "c": 2,
+                                 "c^loc": 4, "N": 2, "k1": 1, "k2": 1}}
 VARIANTS = [("opset23", 23, None), ("opset18", 18, None), ("ort", 23, "ort")]
 LEVELS = {"all": "ORT_ENABLE_ALL", "off": "ORT_DISABLE_ALL"}
 
@@ -42,15 +45,25 @@ def session(model, level: str = "all"):
 
 
 def random_inputs(cfg, T: int, B: int, seed: int) -> dict:
-    """0-based ids, permutations of 0..T-1 and one position < T per sequence."""
+    """0-based ids, permutations of 0..T-1, one position < T per sequence, and reals."""
     g = torch.Generator().manual_seed(seed)
     out = {}
-    for v in cfg.model.inputs:
+    symbolic = load(cfg.model.span.file).symbolic().model.inputs
+    tokens = {s for v in symbolic if v.type.dtype != "real" for d in v.type.shape
+              for s in d.symbols()}  # the token length: T in this run
+    for v, sv in zip(cfg.model.inputs, symbolic):
         t = v.type
         if t.perm:
             out[v.name] = torch.stack([torch.randperm(T, generator=g) for _ in range(B)])
         elif not t.shape:
             out[v.name] = torch.randint(0, T, (B,), generator=g)
+        elif t.dtype == "real":  # a real input (a memory, a target mapping): the token
+            # length is T, other sizes as configured
+            dims = [T if d.symbols() & tokens else int(c.const_value())
+                    for d, c in zip(sv.type.shape, t.shape)]
+            if t.family is not None:  # a family: one tensor, the members' axis first
+                dims = [int(t.family.const_value()), *dims]
+            out[v.name] = torch.randn((B, *dims), generator=g)
         else:
             size = int(t.hi.const_value()) - int(t.lo.const_value()) + 1
             out[v.name] = torch.randint(0, size, (B, T), generator=g)

@@ -206,8 +206,8 @@ def test_mutated_specs(case):
 # ---------------------------------------------------------------- (b) generated programs
 
 KEYWORDS = {"model", "module", "hyper", "preset", "input", "param", "output", "expect",
-            "params", "share", "layers", "in", "for", "where", "if", "else", "and", "or", "not",
-            "is", "even", "odd", "inf", "R", "Perm"}
+            "params", "share", "with", "layers", "in", "for", "where", "if", "else", "and", "or",
+            "not", "is", "even", "odd", "inf", "R", "Perm"}
 COMMON = ["H", "L", "A", "D", "F", "V", "n", "w", "x", "z", "X", "Y", "E", "W", "W_e", "W_p",
           "b", "Hhat", "G", "Mask", "head", "l", "i", "j", "k", "W_i^Q", "X'", "Mask^AR",
           "Mask^ST", "Mask^BD"]

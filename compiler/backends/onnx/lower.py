@@ -28,9 +28,9 @@ from fractions import Fraction
 import numpy as np
 
 from ... import ir
-from ...ir import Ell, Eqn, Operand
+from ...ir import Ell, Eqn, Operand, sequence_symbols, state_pairs
 from ...shapes import guard_holds
-from ...symbolic import Poly, format_poly
+from ...symbolic import Atom, Poly, format_poly
 from ..torch.codegen import family_layout, init_kind
 from ..torch.names import ident
 from .graph import ORT_DOMAIN, Graph, Node
@@ -82,24 +82,6 @@ def _int(p: Poly) -> int:
 
 def dim_text(p: Poly) -> int | str:
     return _int(p) if p.is_const() else format_poly(p)
-
-
-def sequence_symbols(m: ir.Model) -> set[str]:
-    """The sizes that vary from run to run: the length of token ids and permutations, and
-    every axis but the last (the features) of a real input. Loop bounds and family sizes
-    stay fixed: they decide the graph's structure."""
-    fixed = {s for item in m.body if isinstance(item, ir.Loop)
-             for b in (item.lo, item.hi) if isinstance(b, Poly) for s in b.symbols()}
-    out: set[str] = set()
-    for v in m.inputs:
-        t = v.type
-        if t.family is not None and isinstance(t.family, Poly):
-            fixed |= t.family.symbols()
-        axes = t.shape if t.dtype != "real" else t.shape[:-1]
-        for d in axes:
-            if isinstance(d, Poly):
-                out |= d.symbols()
-    return out - fixed
 
 
 class Scope:
@@ -185,7 +167,7 @@ class Lowerer:
                 term = self.g.ints([int(coef)])
             else:
                 ((s, _),) = mono
-                term = self.runtime_size(s)
+                term = self.atom_size(s) if isinstance(s, Atom) else self.runtime_size(s)
                 if coef != 1:
                     term = self.g.op("Mul", [term, self.g.ints([int(coef)])], "size/mul")
             out = term if out is None else self.g.op("Add", [out, term], "size/add")
@@ -195,6 +177,16 @@ class Lowerer:
         if p.is_const():
             return self.g.const(_int(p), "int")
         return self.g.op("Squeeze", [self.size(p), self.g.ints([0])], "size/scalar")
+
+    def atom_size(self, a: Atom) -> str:
+        """max(...) / min(...) of sizes that depend on the run's lengths (the last m rows of
+        a memory that may be shorter than m), and their remainders and whole quotients (a
+        length padded to a multiple of a chunk: `T + (c - T % c) % c`)."""
+        op = {"max": "Max", "min": "Min", "mod": "Mod", "div": "Div"}.get(a.op)
+        if op is None:
+            raise Unsupported(f"a size `{a}` that depends on the sequence length")
+        # sizes are not negative, so Div's truncation is the floor and Mod (fmod=0) is %
+        return self.g.op(op, [self.size(x) for x in a.args], f"size/{a.op}")
 
     def runtime_size(self, s: str) -> str:
         """The int64[1] tensor of a run-time length, read once off the input that has it."""
@@ -435,17 +427,20 @@ class Lowerer:
         inputs = []
         for v in m.inputs:
             t = v.type
-            own = tuple(self.ev(d, env) for d in t.shape)
-            for k, d in enumerate(t.shape):
+            fam = self.ev(t.family, penv) if t.family is not None else None
+            member = t.member() if fam is not None else t
+            own = tuple(self.ev(d, env) for d in member.shape)
+            first = 2 if fam is not None else 1  # own axes follow the batch (and a family's)
+            for k, d in enumerate(member.shape):
                 if isinstance(d, Poly) and len(d.symbols()) == 1 and d == Poly.sym(
                         next(iter(d.symbols()))) and d.symbols() <= dyn_syms:
                     self.dynamic.setdefault(runtime_name[next(iter(d.symbols()))],
-                                            (v.name, k + 1))
-            if t.dtype == "int":
-                lo = self.ev(t.lo, penv)
-                val = V("int", (self.batch,), own, name=v.name, offset=_int(lo))
-            else:
-                val = V(t.dtype, (self.batch,), own, name=v.name)
+                                            (v.name, first + k))
+            offset = _int(self.ev(t.lo, penv)) if t.dtype == "int" else 0
+            val = V(t.dtype, (self.batch,), own, name=v.name, offset=offset)
+            if fam is not None:  # an input family `X_r: ... for r in 1..N`: one tensor, the
+                role = self._role(fam, v.name)  # family's axis right after the batch
+                val = replace(val, roles=(self.batch, role), fam=role)
             scope.vals[v.name] = val
             inputs.append((v.name, val.dtype, self.dims(val)))
         for p in m.params:
@@ -508,7 +503,11 @@ class Lowerer:
                 entry["perm"] = bool(t.perm)
             ins.append(entry)
         maxima = self.max_length
+        state = {}
+        if state_pairs(m):  # outputs a caller feeds back as inputs: {"Mem'": "Mem"}
+            state["fgc.state"] = json.dumps(dict(state_pairs(m)), separators=(",", ":"))
         return {
+            **state,
             "fgc.inputs": json.dumps(ins, separators=(",", ":")),
             "fgc.outputs": json.dumps([{"name": n, "dtype": d, "dims": dims}
                                        for n, d, dims in outputs], separators=(",", ":")),
@@ -539,6 +538,7 @@ class Lowerer:
         carried = {c.inner: outer.vals[c.init] if c.init in outer.vals else
                    self.param(outer, c.init, None) for c in loop.carried}
         last: dict[str, V] = {}
+        each: dict[str, list[V]] = {inner: [] for inner, _ in loop.stacks}
         for layer in range(lo, hi + 1):
             env = dict(outer.env)
             env[loop.var] = Poly.const(layer)
@@ -554,10 +554,34 @@ class Lowerer:
             for e in loop.body:
                 self.eqn(e, scope)
             carried = {c.inner: scope.vals[c.result] for c in loop.carried}
+            for inner in each:
+                each[inner].append(scope.vals[inner])
             last = scope.vals
         for inner, outer_name in loop.results:
             if inner in last:
                 outer.vals[outer_name] = last[inner]
+        for inner, outer_name in loop.stacks:
+            outer.vals[outer_name] = self.stack_layers(each[inner], loop)
+
+    def stack_layers(self, values: list[V], loop: ir.Loop) -> V:
+        """X^(1..L): each layer's value on a new axis after the roles (the batch)."""
+        values = [self.canonical(v) for v in values]
+        first = values[0]
+        if any(v.roles != first.roles or v.fam is not None for v in values):
+            raise Unsupported("stacking layer values that are families or differ in layout")
+        axis = len(first.roles)
+        saved = self.g.doc
+        if loop.span is not None:
+            file = loop.span.file.rsplit("/", 1)[-1]
+            self.g.doc = f"{file}:{loop.span.line}: every layer's value, stacked"
+        parts = [self.g.op("Unsqueeze", [self.math(v) if v.dtype == "int" else v.name,
+                                         self.g.ints([axis])], f"{v.name}/layer")
+                 for v in values]
+        out = self.g.op("Concat", parts, "layers/stack", axis=axis)
+        self.g.doc = saved
+        v = V(first.dtype, first.roles, (Poly.const(len(values)), *first.own), name=out)
+        self.info(out, v)
+        return v
 
     # ---------------------------------------------------------------- equations
     def eqn(self, e: Eqn, scope: Scope) -> None:

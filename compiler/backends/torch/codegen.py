@@ -11,6 +11,7 @@ batched tensor, never a Python loop.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -19,7 +20,7 @@ from pathlib import Path
 import jinja2
 
 from ... import ir
-from ...ir import Ell, Eqn, Operand, TensorType
+from ...ir import Ell, Eqn, Operand, TensorType, sequence_symbols
 from ...symbolic import Atom, Poly
 from .names import RESERVED, Namer, class_name, ident
 
@@ -118,6 +119,12 @@ def family_layout(dims: list, family):
     if len(dims) >= 2:
         return dims[:-1] + [family] + dims[-1:]
     return [family] + dims
+
+
+def layers_attr(index: int) -> str:
+    """The model's attribute holding the layers of its `index`-th `layers` block (0-based):
+    `layers`, then `layers2`, `layers3`, ... (an encoder, then a decoder)."""
+    return "layers" if index == 0 else f"layers{index + 1}"
 
 
 def init_kind(name: str) -> str:
@@ -226,7 +233,17 @@ def _wrap_expr(expr: str, indent: str, before: str, after: str) -> list[str]:
     if len(line) <= WIDTH:
         return [line]
     inner = indent + "    "
-    ops = _top_level(expr, (" + ", " - ", " @ ", " * ", " / "))
+    if _top_level(expr, (" for ",)):  # a generator expression stays on one line
+        return [line]
+    branch = _top_level(expr, (" if ",))
+    orelse = _top_level(expr, (" else ",))
+    if branch and orelse and branch[0] < orelse[0]:  # `a if c else b`: a line each, bracketed
+        return ([f"{indent}{before}("]
+                + _wrap_expr(expr[:branch[0]], inner, "", "")
+                + _wrap_expr(expr[branch[0] + 4:orelse[0]], inner, "if ", "")
+                + _wrap_expr(expr[orelse[0] + 6:], inner, "else ", "")
+                + [f"{indent}){after}"])
+    ops = _top_level(expr, (" + ", " - ", " @ ", " * ", " / ", " % "))
     if ops:
         terms, last = [], 0
         for k in ops:
@@ -241,6 +258,13 @@ def _wrap_expr(expr: str, indent: str, before: str, after: str) -> list[str]:
             out.extend(_wrap_expr(rest, inner, f"{op} ", ""))
         out.append(f"{indent}){after}")
         return out
+    if expr.startswith("[") and expr.endswith("]") and _split_top(expr) == [expr]:
+        # a list (torch.cat's operands): one item per line
+        out = [f"{indent}{before}["]
+        for a in _split_top(expr[1:-1]):
+            out.extend(_wrap_expr(a, inner, "", ","))
+        out.append(f"{indent}]{after}")
+        return out
     if expr.endswith(")"):
         depth, start = 0, None
         for k in range(len(expr) - 1, -1, -1):
@@ -252,14 +276,20 @@ def _wrap_expr(expr: str, indent: str, before: str, after: str) -> list[str]:
                 if depth == 0:
                     start = k
                     break
-        if start == 0:  # a parenthesised whole: the split below brings its own brackets
+        if start == 0 and _top_level(expr[1:-1], (" + ", " - ", " @ ", " * ", " / ", " % ",
+                                                  " if ")):
+            # a parenthesised sum: its split into terms brings its own brackets (anything
+            # else, `a if c else f(b)`, keeps them: they decide what the operator applies to)
             return _wrap_expr(expr[1:-1], indent, before, after)
         if start is not None:
             is_call = start > 0 and (expr[start - 1].isalnum() or expr[start - 1] in "_])")
             args = _split_top(expr[start + 1:-1]) if is_call else [expr[start + 1:-1]]
+            # a generator, the call's only argument, takes no trailing comma
+            alone = len(args) == 1 and _top_level(args[0], (" for ",))
+            comma = "," if is_call and not alone else ""
             out = [f"{indent}{before}{expr[:start + 1]}"]
             for a in args:
-                out.extend(_wrap_expr(a, inner, "", "," if is_call else ""))
+                out.extend(_wrap_expr(a, inner, "", comma))
             out.append(f"{indent}){after}")
             return out
     return [line]
@@ -277,6 +307,11 @@ class ParamView:
 class SubView:
     attr: str
     ctor: str
+
+    @property
+    def text(self) -> str:
+        """`attr = ctor` inside `__init__`, wrapped at the line width."""
+        return "\n".join(wrap(f"{self.attr} = {self.ctor}", "", " " * 8))
 
 
 @dataclass
@@ -412,10 +447,14 @@ class Body:
             exprs = [f"__layers__{e.attrs['index']}"] * len(e.outs)
             layouts = [Layout(True, False, _rank(o.type)) for o in e.outs]
         elif e.op == "call":
-            exprs = self.gen.lower_call(self, e, ins)
-            layouts = [Layout(lead or any(v.layout.lead for v in ins), fam_out or
-                              any(v.layout.fam for v in ins), _rank(o.type.member()
-                              if o.type.family is not None else o.type)) for o in e.outs]
+            exprs = self.gen.lower_call(self, e, ins) * len(e.outs)  # one call, its results
+            # a family passed where the module takes a family is used up inside the call;
+            # one passed where it takes a single value makes one result per member
+            sig = self.gen.functions[e.attrs["module"]].inputs
+            per_member = any(v.layout.fam for v, inp in zip(ins, sig) if inp.type.family is None)
+            layouts = [Layout(lead or any(v.layout.lead for v in ins), fam_out or per_member,
+                              _rank(o.type.member() if o.type.family is not None else o.type))
+                       for o in e.outs]
         else:
             lowering = LOWER.get(e.op)
             if lowering is None:
@@ -427,10 +466,10 @@ class Body:
                 for v in ins:  # ids are held 0-based; arithmetic sees the spec's values
                     if v.raw_lo is not None:
                         v.expr, v.raw_lo = _math(self, v), None
-            exprs = [lowering(self, e, ins, Layout(lead, fam_out or any(v.layout.fam
-                                                                           for v in ins),
-                                                   out_rank))]
-            layouts = [Layout(lead, fam_out or any(v.layout.fam for v in ins), out_rank)]
+            # inside a family, a value none of whose operands varies by member is one value
+            fam = any(v.layout.fam for v in ins) if ins else fam_out
+            exprs = [lowering(self, e, ins, Layout(lead, fam, out_rank))]
+            layouts = [Layout(lead, fam, out_rank)]
             if e.op in POSITIONS:
                 raw_lo = Poly.const(1)
             elif e.op == "index":  # entries of ids held 0-based are held 0-based
@@ -460,15 +499,17 @@ class Body:
             self.tuples[names[0]] = names
 
     def comment(self, t: TensorType, layout: Layout, e: Eqn) -> str:
+        names = self.gen.comment_sym
+        if self.gen.in_module and len(self.gen.run_length) > 1:
+            names = _Names()  # which length a module's own n is depends on the use
         dims = []
         if layout.lead:
             dims.append("*" if self.gen.in_module else "B")
         if layout.fam:
             fam = t.family if t.family is not None else (e.family[1] if e.family else None)
-            dims.append(py_poly(fam, self.gen.comment_sym) if fam is not None else "A")
+            dims.append(py_poly(fam, names) if fam is not None else "A")
         for d in (t.member().shape if t.family is not None else t.shape):
-            dims.append("..." if isinstance(d, Ell) else py_poly(d, self.gen.comment_sym)
-                        .replace(" ", ""))
+            dims.append("..." if isinstance(d, Ell) else py_poly(d, names).replace(" ", ""))
         shape = "(" + ", ".join(dims) + ")" if dims else "()"
         where = f"{safe_name(e.span.file)}:{e.span.line}" if e.span else ""
         return f"{shape}  {where}".strip()
@@ -697,10 +738,25 @@ def _matmul(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
         prod = f"({x.expr} @ {y.stored}.flatten(-2)).unflatten(-1, ({size}, -1))"
         r = x.layout.rank
         return prod if r == 1 else f"{prod}.movedim(-2, {-r - 1})"
+    tp = y.producer
+    if tp is not None and tp.op == "transpose" and tp.ins[0].name in b.self_attr \
+            and not b.gen.in_module and x.layout.lead and not x.layout.fam \
+            and x.layout.rank == 2 and y.layout == Layout(False, False, 2):
+        # X @ W^T with a model parameter W (a tied output projection): weight-major, one
+        # (V x H)(H x rows) product, which CPU GEMMs run faster than (rows x H)(H x V) for
+        # few rows; made contiguous again so that a softmax over it stays fast
+        w = b.operand(tp.ins[0], e).expr
+        xs = x.expr if _atomic(x.expr) else f"({x.expr})"
+        return f"({w} @ {xs}.flatten(0, -2).mT).mT.contiguous().view(*{xs}.shape[:-1], -1)"
     xs = _align(b, x, out) if x.layout.rank and x.layout.rank >= 2 else x.expr
     ys = _align(b, y, out) if y.layout.rank and y.layout.rank >= 2 else y.expr
     xs = xs if _atomic(xs) else f"({xs})"
     ys = ys if _atomic(ys) else f"({ys})"
+    if y.layout.rank == 1 and (y.layout.lead or y.layout.fam):
+        # a vector with leading (batch or member) axes: torch would read it as a matrix
+        if x.layout.rank == 1:
+            return f"({xs} * {ys}).sum(-1)"
+        return f"({xs} @ {ys}.unsqueeze(-1)).squeeze(-1)"
     return f"{xs} @ {ys}"
 
 
@@ -832,7 +888,11 @@ def _neg(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
 
 
 def _not(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
-    return f"~{ins[0].expr}" if _atomic(ins[0].expr) else f"~({ins[0].expr})"
+    x = ins[0]
+    if x.layout == Layout(False, False, 0):
+        # a condition on sizes alone is a Python bool, whose ~ is an integer (~True == -2)
+        return f"(not {x.expr})" if _atomic(x.expr) else f"(not ({x.expr}))"
+    return f"~{x.expr}" if _atomic(x.expr) else f"~({x.expr})"
 
 
 def _pow(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
@@ -967,17 +1027,31 @@ class Generator:
         self.model_class = class_name(self.model.name)
         while self.model_class in set(self.consts.values()) | RESERVED:
             self.model_class += "_"
-        for v in self.model.inputs:
-            for d in v.type.shape:
-                if isinstance(d, Poly):
-                    self.dynamic |= d.symbols()
-        for s in self.dynamic:
-            self.comment_sym[s] = "T"
+        # only lengths vary from call to call; a width shared by a real input stays fixed
+        self.dynamic = sequence_symbols(self.model)
+        self.run_length = self._run_lengths()
+        for s, name in self.run_length.items():
+            self.comment_sym[s] = name
         self.classes: list[ClassView] = []
         self.class_of: dict[str, str] = {}
         self.uses_causal = False
         self.uses_take = False
         self.uses_per_member = False
+
+    def _run_lengths(self) -> dict[str, str]:
+        """Each size read off the inputs at run time, and its name in model.py: `T` when
+        there is one, `T_n`, `T_m`, ... when inputs have independent lengths (a source and
+        a target), as the ONNX graph names its axes."""
+        names = sorted(self.dynamic)
+        if len(names) == 1:
+            return {names[0]: "T"}
+        out = {}
+        for s in names:
+            name = f"T_{self.consts.get(s, s)}"
+            while name in set(self.consts.values()) | RESERVED:
+                name += "_"
+            out[s] = name
+        return out
 
     # -- helpers for lowering
     def is_builtin(self, e: Eqn, name: str) -> bool:
@@ -985,6 +1059,12 @@ class Generator:
         return fn is not None and fn.builtin and fn.name == name
 
     def guard_py(self, text: str) -> str:
+        # the other branch of `l is odd`, `l == 1`: `l % 2 == 0`, `l != 1`, not `not (...)`
+        text = re.sub(r"^not \((\w+) is (even|odd)\)$",
+                      lambda m: f"{m[1]} is {'odd' if m[2] == 'even' else 'even'}", text)
+        flip = re.fullmatch(r"not \(([^()]*?) (==|!=) ([^()]*)\)", text)
+        if flip and not re.search(r" (and|or|not) ", flip[0][5:-1]):
+            text = f"{flip[1]} {'!=' if flip[2] == '==' else '=='} {flip[3]}"
         text = re.sub(r"(\w+) is even", r"\1 % 2 == 0", text)
         text = re.sub(r"(\w+) is odd", r"\1 % 2 == 1", text)
         return text.replace(self.loop_var, "self.l") if getattr(self, "loop_var", None) \
@@ -1149,7 +1229,15 @@ class Generator:
             for o, declared in zip(outs, fn.outputs):
                 r = _spec_value(body, body.vals[o], body.result(o)) if o in body.vals \
                     else "None"
-                if o in body.vals and declared.type.dtype == "real" and \
+                if not fn.inputs and declared.type.dtype == "real":
+                    # a table computed from sizes alone, in the caller's precision
+                    resolved = re.sub(r"\{\{(.+?)\}\}", lambda m: body.vals[m.group(1)].expr, r)
+                    if not resolved.isidentifier():
+                        table = body.namer.alias(f"%table{len(results)}", "table")
+                        lines.append(Line(f"{table} = {r}"))
+                        r = table
+                    r = f"{r}.to(dtype=dtype)"
+                elif o in body.vals and declared.type.dtype == "real" and \
                         body.vals[o].type.dtype != "real":
                     r = f"({r}).to(torch.get_default_dtype())" if not _atomic(r) else \
                         f"{r}.to(torch.get_default_dtype())"
@@ -1160,7 +1248,8 @@ class Generator:
         kw_part = []
         if forward_kw:
             kw_part = [f"*, {', '.join(ident(s) for s in forward_kw)}"
-                       + ("" if fn.inputs else ", device=None")]
+                       + ("" if fn.inputs else ", device=None"
+                          + ("" if fn.builtin and fn.name in BUILTIN_FORWARD else ", dtype=None"))]
         fwd = ", ".join(["self"] + inputs + kw_part)
         return ClassView(cls, doc, [ident(s) for s in static],
                          [f"self.{ident(s)} = {ident(s)}" for s in static if
@@ -1248,6 +1337,8 @@ class Generator:
                           else f"{ident(name)}={py_poly(value, b.sym)}")
             if not fn.inputs:
                 kw.append(f"device={b.device}")
+                if not (fn.builtin and fn.name in BUILTIN_FORWARD):
+                    kw.append(f"dtype={b.real_dtype}")
             args.extend(kw)
         if e.family is not None and self._has_params(fn.name):
             raise Unsupported(f"`{fn.name}` has parameters but is used once per family member")
@@ -1332,18 +1423,36 @@ class Generator:
             if k < len(info["carried"]) or o.name not in inputs:
                 expr = _spec_value(b, v, expr)  # only the model's inputs go in 0-based
             args.append(expr)
-        outs = [b.vals[o.name].expr for o in e.outs]
-        carried_args = args[: len(info["carried"])]
-        rest = args[len(info["carried"]):]
+        nc = len(info["carried"])
+        py = {o.name: b.vals[o.name].expr for o in e.outs}
+        outs = [py[o.name] for o in e.outs[:nc]]
+        carried_args = args[:nc]
+        rest = args[nc:]
         lines = []
         for out, init in zip(outs, carried_args):
             if out != init:
                 lines.append(Line(f"{out} = {init}"))
-        call_args = ", ".join(outs + rest)
-        target = ", ".join(outs)
+        # what each layer returns besides the carried values, by the name it gets here
+        returned = {inner: b.namer(inner) for inner in info["extra"]}
+        returned.update((i, py[o]) for i, o in info["last"])
+        inputs_of = {c.inner: out for c, out in zip(info["carried"], outs)}
+        results_of = {c.result: out for c, out in zip(info["carried"], outs)}
+        for _, outer in info["each"]:
+            lines.append(Line(f"{py[outer]} = []", "each layer's value, stacked below"))
+        call_args = ", ".join(outs + rest + [f"{t}={t}" for t in info["lengths"]])
+        target = ", ".join(outs + [returned[i] for i in info["extra"]])
         lines.append(Line(f"for layer in self.{info['attr']}:",
                           f"{self.layer_count(info)} layers"))
+        for inner, outer in info["each"]:
+            if inner in inputs_of:  # X^(0..L-1): what each layer starts from
+                lines.append(Line(f"    {py[outer]}.append({inputs_of[inner]})"))
         lines.append(Line(f"    {target} = layer({call_args})"))
+        for inner, outer in info["each"]:
+            if inner not in inputs_of:
+                value = results_of.get(inner) or returned[inner]
+                lines.append(Line(f"    {py[outer]}.append({value})"))
+        for _, outer in info["each"]:
+            lines.append(Line(f"{py[outer]} = torch.stack({py[outer]}, dim=1)"))
         return lines
 
     def layer_count(self, info) -> str:
@@ -1353,11 +1462,11 @@ class Generator:
     def generate(self) -> str:
         model = self.model
         msym = {name: py for name, py in self.consts.items()}
-        for s in self.dynamic:
-            msym[s] = "T"
+        msym.update(self.run_length)
         self.loops: list[dict] = []
         model_cls = self.model_class
-        namer = Namer(set(self.consts.values()) | {"T", "B", "layer"})
+        namer = Namer(set(self.consts.values()) | {"T", "B", "layer"} |
+                      set(self.run_length.values()))
         self_attr: dict[str, str] = {}
         params = []
         for p in model.params:
@@ -1387,11 +1496,20 @@ class Generator:
                 eqns.extend(self._layers(item, model_cls, eqns, subs, layer_classes, msym))
             else:
                 eqns.append(item)
+        loop_vars = {item.var for item in model.body if isinstance(item, ir.Loop)}
         for e in eqns:
             if e.op == "call":
                 attr = f"self.{ident(e.attrs['instance'])}"
                 if attr not in [x.attr for x in subs]:
-                    subs.append(SubView(attr, self._ctor(e, self.consts)))
+                    ctor = self._ctor(e, self.consts)
+                    # exists only for some sizes: `... if E != H else ...`; a table the layers
+                    # use under a layer condition (hoisted out of them) is made for all
+                    guards = [g for g in e.guards
+                              if not set(re.findall(r"\w+", g.text)) & loop_vars]
+                    if guards:
+                        guard = " and ".join(self.guard_py(str(g)) for g in guards)
+                        ctor = f"{ctor} if {guard} else None"
+                    subs.append(SubView(attr, ctor))
         body.lower(eqns)
         outputs = [o.name for o in model.outputs]
         softmax_out = len(outputs) == 1 and body.vals[outputs[0]].producer is not None and \
@@ -1418,26 +1536,68 @@ class Generator:
             self._resolve_line_refs(body, lines)
             extra = []
             method_name = "forward"
+        if ir.state_pairs(model):
+            extra += self._signature_method(model)
         view = ClassView(model_cls, self._model_doc(), [], [], params, subs,
                          ", ".join(["self"] + args), lines, kind="model", extra_methods=extra)
         view.method_name = method_name  # type: ignore[attr-defined]
         view.logits_of = model.outputs[0].name if softmax_out else None  # type: ignore
         return self._render(view, layer_classes)
 
+    def _signature_method(self, model: ir.Model) -> list[str]:
+        """`signature()` for a model whose outputs include its next inputs (`Mem'` for
+        `Mem`): names, dims and maxima, as the ONNX graph's metadata has them, so that
+        runtime.run_segments can carry the state from call to call."""
+        def dim(d) -> str | int:
+            if d.symbols() & self.dynamic:
+                return py_poly(d, {**self.consts, **self.run_length})
+            return int(d.subs({k: v for k, v in self.values.items()
+                              if isinstance(v, Poly)}).const_value())
+        inputs = [{"name": v.name, "dims": ["batch"] + [dim(d) for d in v.type.shape]}
+                  for v in model.inputs]
+        outputs = [{"name": v.name, "dims": ["batch"] + [dim(d) for d in v.type.shape]}
+                   for v in model.outputs]
+        maxima = {self.run_length[s]: int(self.values[s].const_value())
+                  for s in sorted(self.dynamic)}
+        return ["def signature(self):",
+                '    """Inputs (with their dims: the batch, run lengths) and outputs in order,',
+                "    and the outputs a caller feeds back as inputs at the next call (read by",
+                '    runtime.run_segments)."""',
+                "    return {",
+                "        \"inputs\": [",
+                *[f"            {json.dumps(i)}," for i in inputs],
+                "        ],",
+                "        \"outputs\": [",
+                *[f"            {json.dumps(o)}," for o in outputs],
+                "        ],",
+                f"        \"state\": {json.dumps(dict(ir.state_pairs(model)))},",
+                f"        \"max_length\": {json.dumps(maxima)},",
+                "    }"]
+
     def _prologue(self, model: ir.Model, names: dict[str, str]) -> list[Line]:
-        """The sequence length of this call, checked against the spec's maximum."""
+        """The sequence length of this call (each length, when inputs have several), checked
+        against the spec's maximum."""
         lines = []
+        first = None
         for v in model.inputs:
             for k, d in enumerate(v.type.shape):
                 if isinstance(d, Poly) and d.symbols() & self.dynamic and len(d.terms) == 1:
                     s = next(iter(d.symbols()))
+                    T = self.run_length[s]
+                    if any(ln.code.startswith(f"{T} = ") for ln in lines):
+                        continue
                     x = names[v.name]
-                    lines.append(Line(f"T = {x}.shape[{k + 1}]", "this call's sequence length"))
-                    lines.append(Line(f"assert T <= {self.consts[s]}, "
-                                      f"f\"sequence of {{T}} tokens; the model takes at most "
+                    first = first or x
+                    axis = k + (2 if v.type.family is not None else 1)  # after a family's axis
+                    lines.append(Line(f"{T} = {x}.shape[{axis}]", "this call's sequence length"
+                                      if len(self.run_length) == 1 else
+                                      f"the length of {v.name} in this call"))
+                    lines.append(Line(f"assert {T} <= {self.consts[s]}, "
+                                      f"f\"sequence of {{{T}}} tokens; the model takes at most "
                                       f"{{{self.consts[s]}}}\""))
-                    lines.append(Line(f"device = {x}.device"))
-                    return lines
+        if first is not None:
+            lines.append(Line(f"device = {first}.device"))
+            return lines
         if model.inputs:
             lines.append(Line(f"device = {names[model.inputs[0].name]}.device"))
         return lines
@@ -1457,7 +1617,7 @@ class Generator:
         cls = f"{model_cls}Layer" + (str(index + 1) if index else "")
         while cls in set(self.consts.values()) | {c.name for c in self.classes} | RESERVED:
             cls += "_"
-        attr = "layers" if index == 0 else f"layers{index + 1}"
+        attr = layers_attr(index)
         hoisted = self._invariant(loop)
         hoisted_ids = {id(e) for e in hoisted}
         rest = [e for e in loop.body if id(e) not in hoisted_ids]
@@ -1469,7 +1629,7 @@ class Generator:
                         outside_inputs:
                     outside_inputs.append(o.name)
         self.loop_var = loop.var
-        namer = Namer({"T", "B"} | set(self.consts.values()))
+        namer = Namer({"T", "B"} | set(self.consts.values()) | set(self.run_length.values()))
         lsym = dict(msym)
         lsym[loop.var] = "self.l"
         self_attr: dict[str, str] = {}
@@ -1512,7 +1672,6 @@ class Generator:
             ctor = self._ctor(e, self.consts)
             if inst in shared:
                 shared_args.append(ident(inst))
-                subs.append(SubView(a, ident(inst)))
                 model_subs.append(SubView(f"self.{ident(inst)}", ctor))
             elif e.guards:
                 guard = " and ".join(self.guard_py(str(g)).replace("self.l", "l")
@@ -1521,7 +1680,16 @@ class Generator:
             else:
                 subs.append(SubView(a, ctor))
         body.lower(rest)
-        results = [c.result for c in loop.carried]
+        # besides what it carries, a layer returns what is read after the layers: X^(L) of a
+        # value it does not carry, and each layer's X^(l) for a stack X^(1..L)
+        carried_results = {c.result for c in loop.carried}
+        used_after = self._used_outside(loop)
+        last = [(i, o) for i, o in loop.results if i not in carried_results and o in used_after]
+        each = [(i, o) for i, o in loop.stacks]
+        carried_inputs = {c.inner for c in loop.carried}
+        extra = list(dict.fromkeys(i for i, _ in last + each if i in body.vals
+                                   and i not in carried_results | carried_inputs))
+        results = [c.result for c in loop.carried] + extra
         lines = body.emit(results)
         lines.append(Line("return " + ", ".join(_spec_value(body, body.vals[r],
                                                              body.result(r))
@@ -1529,26 +1697,55 @@ class Generator:
         self._resolve_line_refs(body, lines)
         self.loop_var = None
         init_args = ["l"] + shared_args
+        # the run's lengths, where the layer's own equations need them
+        text = "\n".join(ln.code for ln in lines)
+        lengths = [t for t in dict.fromkeys(self.run_length.values())
+                   if re.search(rf"(?<![\w.]){re.escape(t)}(?!\w)", text)]  # not `x.T`
+        # a module shared by all layers is the model's: each layer holds it without
+        # registering it, so the state dict names its tensors once
+        init_lines = ["self.l = l"] + [f'object.__setattr__(self, "{a}", {a})  # shared'
+                                       for a in shared_args]
         view = ClassView(cls, [f"One of the {py_poly(loop.hi, self.comment_sym)} layers, "
                                f"{loop.var} = 1..{py_poly(loop.hi, self.comment_sym)}."],
-                         init_args, ["self.l = l"], [], subs, ", ".join(["self"] + args), lines,
-                         kind="layer")
+                         init_args, init_lines, [], subs,
+                         ", ".join(["self"] + args + (["*"] + lengths if lengths else [])),
+                         lines, kind="layer")
         layer_classes.append(view)
-        shared_kw = ", ".join(f"{a}=self.{a}" for a in shared_args)
-        model_subs.append(SubView(
-            f"self.{attr}", f"nn.ModuleList({cls}(l{', ' + shared_kw if shared_kw else ''}) "
-            f"for l in range(1, {py_poly(loop.hi, self.consts)} + 1))"))
+        layers = f"for l in range(1, {py_poly(loop.hi, self.consts)} + 1))"
+        ctor = f"nn.ModuleList({cls}(" + ", ".join(["l"] + [f"{a}=self.{a}" for a in
+                                                           shared_args]) + f") {layers}"
+        if len(ctor) > 76 and shared_args:  # one shared module per line, under `self.x = `
+            pad = " " * 12
+            ctor = f"nn.ModuleList(\n{pad}{cls}(\n{pad}    l,\n" + "".join(
+                f"{pad}    {a}=self.{a},\n" for a in shared_args) + f"{pad}) {layers}"
+        model_subs.append(SubView(f"self.{attr}", ctor))
         # the loop as one equation of the model's forward
         finals = []
         for c in loop.carried:
             outer_name = next(o for i, o in loop.results if i == c.result)
             t = self._type_of(c.init, outer)
             finals.append(ir.Value(name=outer_name, type=t))
+        types = {v.name: v.type for e in loop.body for v in e.outs}
+        types.update((c.inner, self._type_of(c.init, outer)) for c in loop.carried)
+        finals += [ir.Value(name=o, type=types[i]) for i, o in last]
+        finals += [ir.Value(name=o, type=types[i].with_shape((loop.hi, *types[i].shape)))
+                   for i, o in each]
         ins = [Operand(name=c.init) for c in loop.carried] + [
             Operand(name=n, whole_family=n in model_params) for n in outside_inputs]
-        self.loops.append({"attr": attr, "carried": loop.carried, "loop": loop})
+        self.loops.append({"attr": attr, "carried": loop.carried, "loop": loop,
+                           "extra": extra, "last": last, "each": each, "lengths": lengths})
         return hoisted + [Eqn(outs=finals, op="layers", ins=ins, attrs={"index": index},
                               span=loop.span)]
+
+    def _used_outside(self, loop: ir.Loop) -> set[str]:
+        """The values read anywhere but in `loop`'s own body, outputs included."""
+        used = {o.name for o in self.model.outputs}
+        for item in self.model.body:
+            if item is loop:
+                continue
+            for e in (item.body if isinstance(item, ir.Loop) else [item]):
+                used.update(o.name for o in e.ins if o.name is not None)
+        return used
 
     def _type_of(self, name: str, eqns: list[Eqn]) -> TensorType:
         for v in self.model.inputs:

@@ -294,7 +294,7 @@ class GPT2(nn.Module):
         for layer in self.layers:  # L layers
             H_L = layer(H_L, mask_ar)
         Hf = self.LN_3(H_L)  # (B, T, H)  gpt2.fgpt:59
-        return Hf @ self.W_e.T
+        return (self.W_e @ Hf.flatten(0, -2).mT).mT.contiguous().view(*Hf.shape[:-1], -1)
 
     def forward(self, x):
         """GPT: the probabilities, Softmax(logits)."""
