@@ -6,6 +6,7 @@
 - A module table (a mask) used under a layer condition: it is made once for the whole
   model, and a conditional expression keeps its brackets when its line is wrapped.
 - `not` of a condition on sizes alone.
+- Ties: `argsort` is stable and `argmax` takes the first maximum.
 - `--set` for a hyperparameter whose name has a superscript.
 Each small spec is compiled to PyTorch and to ONNX with the same weights and run on the same
 inputs, at two lengths.
@@ -106,6 +107,32 @@ def test_module_tables_under_a_layer_condition(tmp_path):
     assert max(both_backends(tmp_path, LAYER_CONDITION)) <= 1e-5
     code = (tmp_path / "torch" / "model.py").read_text()
     assert "self.Mask_Band = Mask_Band()\n" in code.split("class Alternating(")[1]
+
+
+TIES = """\
+model Ties {
+  hyper V = 3, n = 12
+  input x: {1..V}^n
+  output s = argsort(x)
+  output a = argmax(concat(OneHot(x), OneHot(x)))
+}
+"""
+
+
+def test_ties_sort_stably_and_take_the_first_maximum(tmp_path):
+    """Three values over twelve positions: argsort keeps equal ids in position order and
+    argmax takes the first of two equal maxima, in PyTorch and in ONNX alike."""
+    path = tmp_path / "ties.fgpt"
+    path.write_text(TIES)
+    compile_spec(str(path), str(tmp_path / "torch"), "torch")
+    model = import_model(tmp_path / "torch" / "model.py").build()
+    spec = load(str(path))
+    onnx_model, _ = Lowerer(spec, spec.symbolic(), spec.configure(None, {}).values).lower()
+    x = torch.randint(0, 3, (4, 12), generator=torch.Generator().manual_seed(0))
+    stable = np.argsort(x.numpy(), axis=-1, kind="stable") + 1  # 1-based, as the spec's
+    for s, a in (model(x), session(onnx_model).run(None, {"x": x.numpy()})):
+        assert np.array_equal(np.asarray(s), stable)
+        assert np.array_equal(np.asarray(a), x.numpy() + 1)
 
 
 def test_set_takes_names_with_a_superscript(tmp_path):
