@@ -165,6 +165,17 @@ def _load(path: str):
         return None, EXIT_SPEC
 
 
+def _load_model(path: str, trouble: int = EXIT_SPEC):
+    """Like _load, for commands that need a model: a file of modules only is refused."""
+    spec, code = _load(path)
+    if spec is None:
+        return None, trouble
+    if not spec.file.models:
+        print(f"fgc: {path} defines modules but no model", file=sys.stderr)
+        return None, trouble
+    return spec, None
+
+
 def _sets(items: list[str]) -> dict[str, Fraction | float]:
     from .pipeline import parse_set
     out = {}
@@ -354,12 +365,9 @@ def _params_together(args) -> int:
         return EXIT_USAGE
     items, reports = [], []
     for path in args.files:
-        spec, code = _load(path)
+        spec, code = _load_model(path)
         if spec is None:
             return code
-        if not spec.file.models:
-            print(f"fgc: {path} defines modules but no model", file=sys.stderr)
-            return EXIT_SPEC
         names = {h.name for h in spec.model.hypers}
         mine = [f"{k}={v}" for k, v in sets.items() if k in names]
         cfg, code = _configure(spec, Namespace(preset=args.preset, set=mine))
@@ -543,12 +551,9 @@ def cmd_diff(args) -> int:
     from .table import use_color
     sides = []
     for key, path in (("a", args.a), ("b", args.b)):
-        spec, code = _load(path)
+        spec, code = _load_model(path, trouble=EXIT_USAGE)
         if spec is None:
-            return EXIT_USAGE
-        if not spec.file.models:
-            print(f"fgc: {path} defines modules but no model", file=sys.stderr)
-            return EXIT_USAGE
+            return code
         ns = Namespace(preset=getattr(args, f"preset_{key}") or args.preset,
                        set=args.set + getattr(args, f"set_{key}"))
         cfg, code = _configure(spec, ns)
@@ -731,12 +736,9 @@ def _pairs(items: list[str]):
 def cmd_ir(args) -> int:
     from .errors import FgcError
     from .printer import format_model
-    spec, code = _load(args.file)
+    spec, code = _load_model(args.file)
     if spec is None:
         return code
-    if not spec.file.models:
-        print(f"fgc: {spec.path} defines modules but no model", file=sys.stderr)
-        return EXIT_SPEC
     if args.symbolic or (args.preset is None and not args.set):
         try:
             cfg = spec.symbolic()

@@ -20,13 +20,13 @@ with the count's change equal to the transformers classes'.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from dataclasses import dataclass
 
 import numpy as np
 import pytest
-from conftest import ROOT, fgc
+from conftest import ROOT, fgc, peaked_weights
+from test_torch_backend import import_model
 
 from compiler.pipeline import load
 
@@ -94,16 +94,8 @@ def hf_model(case: Case):
     cls, config = _config(case)
     torch.manual_seed(sum(map(ord, case.id)))
     model = cls(config).eval()
-    # transformers initialises with std 0.02, which makes every output nearly uniform and the
-    # comparison blind; larger weights give peaked attention and peaked probabilities
+    peaked_weights(model)
     with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() >= 2:
-                p.normal_(0.0, 0.3)
-            elif name.endswith("weight"):  # a LayerNorm's gamma
-                p.copy_(1.0 + 0.2 * torch.randn_like(p))
-            else:
-                p.normal_(0.0, 0.2)
         if case.spec == "electra_discriminator":  # logits near 0, where a sigmoid is not flat
             model.discriminator_predictions.dense_prediction.weight.normal_(0.0, 0.08)
     return model
@@ -137,13 +129,6 @@ def save_checkpoint(model, path, prefix: str | None = None) -> None:
     safetensors_torch.save_file(state, str(path))
 
 
-def import_module(path):
-    spec = importlib.util.spec_from_file_location(f"albert_electra_{abs(hash(str(path)))}",
-                                                  path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
 
 def _not_blind(ref: torch.Tensor, case: Case) -> None:
     """Only worth something if the reference is far from uniform; for the discriminator's
@@ -166,7 +151,7 @@ def test_torch_matches_transformers(case, tmp_path):
             "--weights", str(tmp_path / "hf.safetensors"), "-o", str(tmp_path / "out"))
     assert r.returncode == 0, r.stderr
     assert "were not used" not in r.stdout + r.stderr  # every tensor used or declared tied
-    compiled = import_module(tmp_path / "out" / "model.py").build().eval()
+    compiled = import_model(tmp_path / "out" / "model.py").build().eval()
     compiled.load_state_dict(safetensors_torch.load_file(tmp_path / "out" / "weights.safetensors"))
     assert sum(p.numel() for p in compiled.parameters()) == \
         sum(p.numel() for p in model.parameters())
@@ -476,7 +461,7 @@ def test_a_module_under_a_condition_on_sizes(tmp_path):
         out = tmp_path / (preset or "defaults")
         args = ["--preset", preset] if preset else []
         assert fgc("compile", str(path), "--target", "torch", *args, "-o", str(out)).returncode == 0
-        model = import_module(out / "model.py").build()
+        model = import_model(out / "model.py").build()
         assert sum(p.numel() for p in model.parameters()) == expected
         assert ("proj.W" in model.state_dict()) == (preset is None)
         assert model(torch.tensor([[1, 2, 3]])).shape == (1, 3, 11)
@@ -489,7 +474,7 @@ def test_modules_shared_by_the_layers_are_named_once(tmp_path):
     r = fgc("compile", "specs/albert.fgpt", "--target", "torch", *case.sets(),
             "-o", str(tmp_path))
     assert r.returncode == 0, r.stderr
-    model = import_module(tmp_path / "model.py").build()
+    model = import_model(tmp_path / "model.py").build()
     keys = list(model.state_dict())
     assert "attention.W_Q" in keys and not any(k.startswith("layers.") for k in keys)
     assert sum(p.numel() for p in model.parameters()) == \

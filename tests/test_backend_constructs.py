@@ -19,13 +19,12 @@ import json
 import numpy as np
 import pytest
 from conftest import fgc
-from test_onnx_parity import random_inputs, session
+from test_onnx_parity import random_inputs, session, torch_with_weights
 from test_torch_backend import import_model
 
 from compiler.backends.onnx.lower import Lowerer
 from compiler.emit import compile_spec
 from compiler.pipeline import load
-from compiler.weights import parameter_keys
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("onnxruntime")
@@ -67,16 +66,7 @@ def both_backends(tmp_path, text: str, lengths=(8, 2)) -> list[float]:
     """Worst differences between the PyTorch module and every ONNX graph, one per length."""
     path = tmp_path / "spec.fgpt"
     path.write_text(text)
-    compile_spec(str(path), str(tmp_path / "torch"), "torch")
-    torch.manual_seed(0)
-    model = import_model(tmp_path / "torch" / "model.py").build().eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.5)
-    spec = load(str(path))
-    cfg = spec.configure(None, {})
-    state = model.state_dict()
-    weights = {o: state[t].numpy() for t, o in parameter_keys(cfg)}
+    spec, cfg, model, weights = torch_with_weights(path, tmp_path / "torch")
     worst = []
     for T in lengths:
         inputs = random_inputs(cfg, T, 2, T)

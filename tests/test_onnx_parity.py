@@ -229,23 +229,28 @@ model ShortQuery {
 """
 
 
-@pytest.mark.parametrize("variant", [v[0] for v in VARIANTS])
-def test_causal_mask_with_a_shorter_query(variant, tmp_path):
-    """Queries for the last n-1 positions over all n keys: the mask is aligned to the end
-    (query i is position i+1); every graph and onnxruntime level agrees with PyTorch."""
-    path = tmp_path / "short.fgpt"
-    path.write_text(SHORT_QUERY)
-    compile_spec(str(path), str(tmp_path / "t"), "torch")
-    mod = import_model(tmp_path / "t" / "model.py")
-    torch.manual_seed(1)
-    model = mod.build().eval()
+def torch_with_weights(path, out, seed: int = 0):
+    """A spec file's default configuration compiled to PyTorch with N(0, 0.5) weights:
+    (spec, cfg, module, the same weights by ONNX name)."""
+    compile_spec(str(path), str(out), "torch")
+    torch.manual_seed(seed)
+    model = import_model(out / "model.py").build().eval()
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0.0, 0.5)
     spec = load(str(path))
     cfg = spec.configure(None, {})
     state = model.state_dict()
-    weights = {o: state[t].numpy() for t, o in parameter_keys(cfg)}
+    return spec, cfg, model, {o: state[t].numpy() for t, o in parameter_keys(cfg)}
+
+
+@pytest.mark.parametrize("variant", [v[0] for v in VARIANTS])
+def test_causal_mask_with_a_shorter_query(variant, tmp_path):
+    """Queries for the last n-1 positions over all n keys: the mask is aligned to the end
+    (query i is position i+1); every graph and onnxruntime level agrees with PyTorch."""
+    path = tmp_path / "short.fgpt"
+    path.write_text(SHORT_QUERY)
+    spec, cfg, model, weights = torch_with_weights(path, tmp_path / "t", seed=1)
     _, opset, optimize = next(v for v in VARIANTS if v[0] == variant)
     onnx_model, _ = Lowerer(spec, spec.symbolic(), cfg.values, opset=opset, optimize=optimize,
                             weights=weights).lower()

@@ -13,13 +13,13 @@ transformers' logits plus that bias. The counts of both presets equal the class'
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from dataclasses import dataclass
 
 import numpy as np
 import pytest
 from conftest import ROOT, fgc
+from test_torch_backend import import_model
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -123,11 +123,7 @@ def compile_torch(case: Case, tmp_path, model):
     r = fgc("compile", SPEC, "--target", "torch", *case.sets(),
             "--weights", str(tmp_path / "hf.safetensors"), "-o", str(tmp_path / "out"))
     assert r.returncode == 0, r.stderr
-    path = tmp_path / "out" / "model.py"
-    spec = importlib.util.spec_from_file_location(f"reformer_{abs(hash(str(path)))}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    compiled = module.build().eval()
+    compiled = import_model(tmp_path / "out" / "model.py").build().eval()
     compiled.load_state_dict(safetensors_torch.load_file(tmp_path / "out" / "weights.safetensors"))
     return compiled, r
 

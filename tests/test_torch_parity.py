@@ -16,7 +16,7 @@ import itertools
 from dataclasses import dataclass
 
 import pytest
-from conftest import fgc
+from conftest import fgc, peaked_weights
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -107,16 +107,7 @@ def _hf_model(case: Case):
         cls = transformers.RobertaForMaskedLM if roberta else transformers.BertForMaskedLM
     torch.manual_seed(sum(map(ord, c.id)))
     model = cls(cfg).eval()
-    # transformers initialises with std 0.02, which makes every output nearly uniform and the
-    # comparison blind; larger weights give peaked attention and peaked probabilities.
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() >= 2:
-                p.normal_(0.0, 0.3)
-            elif name.endswith("weight"):  # a LayerNorm's gamma
-                p.copy_(1.0 + 0.2 * torch.randn_like(p))
-            else:
-                p.normal_(0.0, 0.2)
+    peaked_weights(model)
     return model
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-from conftest import ROOT, fgc
+from conftest import ROOT, fgc, peaked_weights
 
 from compiler.emit import compile_spec
 from runtime import load as load_onnx
@@ -232,15 +232,7 @@ def setup(request, tmp_path_factory):
     c = CONFIGS[request.param]
     torch.manual_seed(sum(map(ord, request.param)))
     ref = MemTransformerLM(c).eval()
-    # larger than the code's init (std 0.02), so attention and probabilities are peaked
-    with torch.no_grad():
-        for name, p in ref.named_parameters():
-            if p.dim() >= 2:
-                p.normal_(0.0, 0.3)
-            elif name.endswith("layer_norm.weight"):
-                p.copy_(1.0 + 0.2 * torch.randn_like(p))
-            else:
-                p.normal_(0.0, 0.2)
+    peaked_weights(ref, norm_gain="layer_norm.weight")
     folder = tmp_path_factory.mktemp("txl")
     ckpt = folder / "mem_transformer.safetensors"
     safetensors_torch.save_file({k: v.detach().clone().contiguous()

@@ -9,13 +9,13 @@ code takes it. The counts of both presets equal XLNetLMHeadModel's unique parame
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from dataclasses import dataclass
 
 import numpy as np
 import pytest
 from conftest import ROOT, fgc
+from test_torch_backend import import_model
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -99,12 +99,6 @@ def save_checkpoint(model, path, prefix: bool = True) -> None:
     safetensors_torch.save_file(state, str(path))
 
 
-def import_module(path):
-    spec = importlib.util.spec_from_file_location(f"xlnet_{abs(hash(str(path)))}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_torch_matches_xlnet_lm_head_model(case, tmp_path):
@@ -113,7 +107,7 @@ def test_torch_matches_xlnet_lm_head_model(case, tmp_path):
     r = fgc("compile", SPEC, "--target", "torch", *case.sets(),
             "--weights", str(tmp_path / "hf.safetensors"), "-o", str(tmp_path / "out"))
     assert r.returncode == 0, r.stderr
-    compiled = import_module(tmp_path / "out" / "model.py").build().eval()
+    compiled = import_model(tmp_path / "out" / "model.py").build().eval()
     compiled.load_state_dict(safetensors_torch.load_file(tmp_path / "out" / "weights.safetensors"))
     feed = inputs(case)
     with torch.no_grad():

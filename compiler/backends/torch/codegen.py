@@ -598,6 +598,11 @@ class Body:
         return self._inline(v.expr, self.materialized)
 
 
+def _resolve_refs(body: Body, code: str) -> str:
+    """`code` with each `{{value}}` replaced by that value's Python name."""
+    return re.sub(r"\{\{(.+?)\}\}", lambda m: body.vals[m.group(1)].expr, code)
+
+
 def _atomic(expr: str) -> bool:
     """An expression that needs no parentheses as an operand."""
     if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.]*(\[[^\[\]]*\])?", expr):
@@ -1231,8 +1236,7 @@ class Generator:
                     else "None"
                 if not fn.inputs and declared.type.dtype == "real":
                     # a table computed from sizes alone, in the caller's precision
-                    resolved = re.sub(r"\{\{(.+?)\}\}", lambda m: body.vals[m.group(1)].expr, r)
-                    if not resolved.isidentifier():
+                    if not _resolve_refs(body, r).isidentifier():
                         table = body.namer.alias(f"%table{len(results)}", "table")
                         lines.append(Line(f"{table} = {r}"))
                         r = table
@@ -1259,7 +1263,7 @@ class Generator:
 
     def _resolve_line_refs(self, body: Body, lines: list[Line]) -> None:
         for line in lines:
-            line.code = re.sub(r"\{\{(.+?)\}\}", lambda m: body.vals[m.group(1)].expr, line.code)
+            line.code = _resolve_refs(body, line.code)
 
     def _param_view(self, p: ir.Param, attr: str, sym: dict[str, str]) -> ParamView:
         dims = list(p.type.shape)
