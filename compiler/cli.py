@@ -55,6 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="onnx: `ort` emits onnxruntime's fused operators")
     k.add_argument("--external-data", action="store_true",
                    help="onnx: weights in model.onnx.data (automatic past 2 GiB)")
+    k.add_argument("--kv-cache", action="store_true",
+                   help="onnx: the incremental form of an autoregressive spec, with past "
+                        "keys/values per layer in and present ones out")
     k.add_argument("--seed", type=int, default=0,
                    help="onnx: seed of the random weights used without --weights")
 
@@ -94,6 +97,33 @@ def build_parser() -> argparse.ArgumentParser:
                    help="latex: also box the standard-library modules the model uses")
     w.add_argument("-o", "--out", metavar="FILE", help="write here (default: standard output)")
 
+    g = sub.add_parser("generate", help="generate token ids from a prompt, with the key/value "
+                       "cache of an autoregressive spec (ONNX or PyTorch)")
+    g.add_argument("target", metavar="SPEC|DIR")
+    _config_args(g)
+    g.add_argument("--weights", metavar="W.safetensors", help="with a SPEC: its checkpoint")
+    g.add_argument("--prompt-ids", metavar="IDS", required=True,
+                   help="0-based token ids, comma-separated (several prompts of one length: "
+                        "separate them with `;`)")
+    g.add_argument("--max-new-tokens", type=int, metavar="N", required=True)
+    g.add_argument("--max-length", type=int, metavar="N",
+                   help="stop when a sequence has N positions, prompt included")
+    g.add_argument("--stop-ids", metavar="IDS", default="",
+                   help="ids that end a sequence (kept in the output), comma-separated")
+    g.add_argument("--greedy", action="store_true", help="the most likely id (the default)")
+    g.add_argument("--temperature", type=float, metavar="T")
+    g.add_argument("--top-k", type=int, metavar="K")
+    g.add_argument("--top-p", type=float, metavar="P")
+    g.add_argument("--seed", type=int, metavar="S", help="seed of the sampler")
+    g.add_argument("--input", metavar="NAME=VALUES", action="append", default=[],
+                   help="another input, the same at every step (an encoder's source)")
+    g.add_argument("--backend", choices=["onnx", "torch"],
+                   help="with a SPEC: what to compile to (default onnx)")
+    g.add_argument("--provider", choices=["auto", "tensorrt", "cuda", "cpu"], default="auto",
+                   help="onnx: the execution provider")
+    g.add_argument("--no-cache", action="store_true",
+                   help="recompute the whole prefix at every step")
+
     r = sub.add_parser("ir", help="print the elaborated IR")
     r.add_argument("file", metavar="FILE")
     _config_args(r)
@@ -122,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return {"check": cmd_check, "params": cmd_params, "ir": cmd_ir,
                 "compile": cmd_compile, "run": cmd_run, "diff": cmd_diff,
+                "generate": cmd_generate,
                 "render": cmd_render}[args.command](args)
     except BrokenPipeError:
         return EXIT_OK
@@ -648,7 +679,8 @@ def cmd_compile(args) -> int:
         result = compile_spec(args.file, args.out, args.target, args.preset, sets, args.weights,
                               opset=args.opset, optimize=args.optimize,
                               external_data=args.external_data,
-                              seed=args.seed if args.target == "onnx" else 0)
+                              seed=args.seed if args.target == "onnx" else 0,
+                              kv_cache=getattr(args, "kv_cache", False))
     except FgcError as e:
         sources = getattr(e, "sources", None)
         if sources is None:
@@ -728,6 +760,134 @@ def _pairs(items: list[str]):
             raise _Usage(f"--input takes NAME=VALUES, got `{item}`")
         k, v = item.split("=", 1)
         yield k.strip(), v
+
+
+# ---------------------------------------------------------------- fgc generate
+
+
+def cmd_generate(args) -> int:
+    import contextlib
+    import io
+    import tempfile
+    from pathlib import Path
+    target = Path(args.target)
+    try:
+        prompt = _id_rows(args.prompt_ids, "--prompt-ids")
+        stop = _id_rows(args.stop_ids, "--stop-ids")[0] if args.stop_ids.strip() else []
+        inputs = {k: _id_rows(v, f"--input {k}") for k, v in _pairs(args.input)}
+    except _Usage as e:
+        print(f"fgc: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.greedy and (args.temperature is not None or args.top_k is not None
+                        or args.top_p is not None):
+        print("fgc: error: --greedy takes no --temperature, --top-k or --top-p",
+              file=sys.stderr)
+        return EXIT_USAGE
+    if target.is_dir():
+        if args.preset or args.set or args.weights or args.backend:
+            print("fgc: error: --preset, --set, --weights and --backend apply to a SPEC, not "
+                  "to a compiled folder", file=sys.stderr)
+            return EXIT_USAGE
+        return _generate_dir(target, args, prompt, stop, inputs)
+    if not target.exists():
+        print(f"fgc: {args.target}: no such file or folder", file=sys.stderr)
+        return EXIT_SPEC
+    spec, code = _load_model(str(target))
+    if spec is None:
+        return code
+    from .errors import FgcError
+    from .incremental import derive
+    sym = _symbolic(spec)
+    if sym is None:
+        return EXIT_SPEC
+    try:
+        derive(sym.model, sym.functions)
+        cached = True
+    except FgcError as e:
+        cached = False
+        if not args.no_cache:
+            print(f"note: {e.diagnostics[0].message}; every step recomputes the prefix")
+    backend = args.backend or "onnx"
+    with tempfile.TemporaryDirectory(prefix="fgc-generate-") as tmp:
+        spec_args = argparse.Namespace(
+            file=str(target), out=tmp, target=backend, preset=args.preset, set=args.set,
+            weights=args.weights, opset=None, optimize=None, external_data=False, seed=0,
+            kv_cache=cached and backend == "onnx" and not args.no_cache)
+        with contextlib.redirect_stdout(io.StringIO()):  # "wrote ..." of a temporary folder
+            code = cmd_compile(spec_args)
+        if code != EXIT_OK:
+            return code
+        return _generate_dir(Path(tmp), args, prompt, stop, inputs)
+
+
+def _id_rows(text: str, what: str) -> list[list[int]]:
+    rows = [r for r in text.replace(" ", "").split(";") if r]
+    try:
+        out = [[int(x) for x in r.split(",") if x] for r in rows]
+    except ValueError:
+        raise _Usage(f"{what}: `{text}` is not a comma-separated list of ids") from None
+    if not out or not out[0] or any(len(r) != len(out[0]) for r in out):
+        raise _Usage(f"{what}: give ids, and sequences of equal lengths")
+    return out
+
+
+def _generate_dir(folder, args, prompt, stop, inputs) -> int:
+    import time
+
+    from runtime import RuntimeError_, generate, load
+    try:
+        if (folder / "model.onnx").is_file():
+            model = load(folder, provider=args.provider)
+            print(f"provider: {model.provider} ({model.reason})")
+            cached = bool(model.incremental) and not args.no_cache
+        elif (folder / "model.py").is_file():
+            model = _torch_model(folder)
+            cached = callable(getattr(model, "step", None)) and not args.no_cache
+            print("backend: PyTorch (CPU)")
+        else:
+            print(f"fgc: {folder} holds neither model.onnx nor model.py", file=sys.stderr)
+            return EXIT_SPEC
+        print("cache: " + ("keys and values of earlier positions kept (incremental form)"
+                           if cached else "none: every step recomputes the prefix"))
+        begin = time.perf_counter()
+        rows = generate(model, prompt, args.max_new_tokens, greedy=args.greedy or None,
+                        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                        seed=args.seed, stop=stop, max_length=args.max_length,
+                        inputs=inputs, cache=not args.no_cache)
+        took = time.perf_counter() - begin
+    except RuntimeError_ as e:
+        print(f"fgc: {e}", file=sys.stderr)
+        return EXIT_SPEC
+    count = sum(len(r) for r in rows)
+    print(f"generated {count} ids in {took:.2f} s ({count / max(took, 1e-9):.1f} ids/s)")
+    for row in rows:
+        print(",".join(str(t) for t in row))
+    return EXIT_OK
+
+
+def _torch_model(folder):
+    """build() from a compiled model.py, with weights.safetensors when it is there."""
+    import importlib.util
+
+    from runtime import RuntimeError_
+    spec = importlib.util.spec_from_file_location("fgc_generated_model", folder / "model.py")
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+        model = module.build().eval()
+    except Exception as e:  # noqa: BLE001 - a model.py that is not fgc's, or edited
+        raise RuntimeError_(f"{folder / 'model.py'} does not build: {e}") from None
+    weights = folder / "weights.safetensors"
+    if weights.is_file():
+        from safetensors.torch import load_file
+        try:
+            model.load_state_dict(load_file(str(weights)))
+        except Exception as e:  # noqa: BLE001
+            raise RuntimeError_(f"{weights} does not fit {folder / 'model.py'}: "
+                                f"{str(e)[:300]}") from None
+    else:
+        print("note: no weights.safetensors: random weights")
+    return model
 
 
 # ---------------------------------------------------------------- fgc ir

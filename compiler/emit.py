@@ -68,13 +68,15 @@ def write_text(path: Path, text: str) -> None:
 def compile_spec(spec_path: str, out_dir: str, target: str = "torch", preset: str | None = None,
                  sets: dict | None = None, weights: str | None = None, *,
                  opset: int | None = None, optimize: str | None = None,
-                 external_data: bool = False, seed: int = 0) -> Compiled:
+                 external_data: bool = False, seed: int = 0, kv_cache: bool = False) -> Compiled:
     """Check a spec, then write the target's files; raises FgcError on any problem.
 
     torch: `model.py` (+ `weights.safetensors` with `weights`). onnx: `model.onnx` (+
     `model.onnx.data` past protobuf's 2 GiB or with `external_data`); `opset` (default
     23), `optimize="ort"` for onnxruntime's fused operators, `seed` for the random
-    initialisation used without `weights`."""
+    initialisation used without `weights`, `kv_cache` for the incremental form (past
+    keys and values in, present ones out: see compiler/incremental.py); the torch
+    module of an autoregressive spec always has it, as `step()`."""
     if target not in ("torch", "onnx"):
         raise FgcError(f"unknown target `{target}` (targets: torch, onnx)", None)
     spec = load(spec_path)
@@ -89,9 +91,10 @@ def compile_spec(spec_path: str, out_dir: str, target: str = "torch", preset: st
     cfg = spec.configure(preset, sets or {})
     if target == "onnx":
         return _compile_onnx(spec, cfg, preset, out_dir, weights, opset, optimize,
-                             external_data, seed)
-    if opset is not None or optimize is not None or external_data:
-        raise FgcError("--opset, --optimize and --external-data are for --target onnx", None)
+                             external_data, seed, kv_cache)
+    if opset is not None or optimize is not None or external_data or kv_cache:
+        raise FgcError("--opset, --optimize, --external-data and --kv-cache are for --target "
+                       "onnx (the torch module has step())", None)
     from .backends.torch.codegen import Generator, Unsupported
     try:
         source = Generator(spec, spec.symbolic(), cfg.values, spec.sources, preset).generate()
@@ -136,7 +139,7 @@ def _gib(n: int) -> str:
 
 
 def _compile_onnx(spec, cfg, preset, out_dir, weights, opset, optimize, external_data,
-                  seed) -> Compiled:
+                  seed, kv_cache=False) -> Compiled:
     from .backends.onnx.graph import PROTOBUF_LIMIT
     from .backends.onnx.lower import DEFAULT_OPSET, Lowerer, Unsupported
     if optimize not in (None, "none", "ort"):
@@ -155,7 +158,7 @@ def _compile_onnx(spec, cfg, preset, out_dir, weights, opset, optimize, external
         lw = Lowerer(spec, spec.symbolic(), cfg.values, opset=opset or DEFAULT_OPSET,
                      optimize=None if optimize == "none" else optimize,
                      weights=imported.tensors if imported else None, seed=seed,
-                     preset=preset)
+                     preset=preset, kv_cache=kv_cache)
         model, blobs = lw.lower(DATA_FILE if external else None, stream=not external)
     except Unsupported as e:
         raise FgcError(f"the ONNX backend cannot lower this spec: {e}", spec.model.span) \

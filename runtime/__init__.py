@@ -4,9 +4,13 @@
 preferring TensorRT/CUDA when a GPU is usable and saying which provider runs and why.
 `run_segments(model, inputs)` runs a long sequence through a model with recurrent state
 (Transformer-XL's memory), segment by segment, with an ONNX session or the PyTorch module.
+`generate(model, prompt_ids, max_new_tokens, ...)` samples token ids from either, with
+the key/value cache where the model has its incremental form.
 """
 
+from .generate import Sampler, generate
 from .segments import run_segments
 from .session import Model, RuntimeError_, choose_providers, cuda_device, load
 
-__all__ = ["Model", "RuntimeError_", "choose_providers", "cuda_device", "load", "run_segments"]
+__all__ = ["Model", "RuntimeError_", "Sampler", "choose_providers", "cuda_device", "generate",
+           "load", "run_segments"]

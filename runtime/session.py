@@ -141,6 +141,8 @@ class Model:
         self.max_length = json.loads(self.meta.get("fgc.max_length", "{}"))
         # outputs that are the next call's inputs (`Mem'` -> `Mem`): state, empty at first
         self.state = json.loads(self.meta.get("fgc.state", "{}"))
+        # the incremental form (--kv-cache): the token input, its cache tensors' names and dims
+        self.incremental = json.loads(self.meta.get("fgc.incremental", "null"))
         providers, self.reason = choose_providers(provider)
         opts = ort.SessionOptions()
         if threads:

@@ -28,6 +28,7 @@ from fractions import Fraction
 import numpy as np
 
 from ... import ir
+from ...incremental import Incremental, derive
 from ...ir import Ell, Eqn, Operand, sequence_symbols, state_pairs
 from ...shapes import guard_holds
 from ...symbolic import Atom, Poly, format_poly
@@ -36,6 +37,7 @@ from ..torch.names import ident
 from .graph import ORT_DOMAIN, Graph, Node
 
 DEFAULT_OPSET = 23
+PAST = "past"  # the incremental form's run-time size: positions the cache holds
 MIN_OPSET = 18
 MAX_OPSET = 25
 
@@ -103,7 +105,7 @@ class Scope:
 class Lowerer:
     def __init__(self, spec, cfg, values: dict, opset: int = DEFAULT_OPSET,
                  optimize: str | None = None, weights: dict | None = None, seed: int = 0,
-                 preset: str | None = None):
+                 preset: str | None = None, kv_cache: bool = False):
         if not MIN_OPSET <= opset <= MAX_OPSET:
             raise Unsupported(f"opset {opset} is not supported; choose {MIN_OPSET} to "
                               f"{MAX_OPSET}")
@@ -126,6 +128,12 @@ class Lowerer:
         self.runtime: dict[str, str] = {}  # run-time size symbol -> int64[1] tensor
         self.logits_of: dict[int, V] = {}  # id(Softmax result) -> its input
         self.max_length: dict[str, int] = {}  # run-time size -> the spec's maximum
+        # the incremental form (kv_cache): past keys and values in, present ones out
+        self.inc: Incremental | None = derive(self.model, self.functions) if kv_cache else None
+        self.sites: dict[str, tuple[str, str, str, str]] = {}  # attention path -> past k, v,
+        # present k, v
+        self.presents: dict[str, str] = {}  # present name -> tensor
+        self.generated: str | None = None  # run-time name of the generated length
 
     # ---------------------------------------------------------------- helpers
     def _role(self, size: Poly, label: str) -> Role:
@@ -278,14 +286,24 @@ class Lowerer:
         cut = [k for k, (a, b) in enumerate(zip(stored, run)) if a != b]
         if not cut:
             return v
-        ends = [self.size(run[k]) for k in cut]
+        ends = [self.size(self.from_past(run[k]) + run[k]) for k in cut]
         ends_t = ends[0] if len(ends) == 1 else self.g.op("Concat", ends, "ends", axis=0)
-        starts = self.g.ints([0] * len(cut))
+        firsts = [self.from_past(run[k]) for k in cut]
+        starts = self.g.ints([0] * len(cut)) if all(f.is_const() for f in firsts) else \
+            self.g.op("Concat", [self.size(f) for f in firsts], "starts", axis=0)
         out = self.g.op("Slice", [v.name, starts, ends_t, self.g.ints(cut)],
                         f"{v.name}[:T]")
         nv = replace(v, name=out)
         self.info(out, nv)
         return nv
+
+    def from_past(self, d: Poly) -> Poly:
+        """Where a size's positions begin: after the past for the generated length of
+        the incremental form (a table of positions is read from row P on), else at 0."""
+        if self.generated is not None and isinstance(d, Poly) and \
+                self.generated in d.symbols():
+            return Poly.sym(PAST)
+        return Poly.const(0)
 
     def canonical(self, v: V) -> V:
         """The value with a tensor in canonical layout (lowering any lazy form)."""
@@ -411,6 +429,8 @@ class Lowerer:
         runtime_name = {s: ("T" if len(names) == 1 else f"T_{s}") for s in names}
         for s in names:
             self.max_length[runtime_name[s]] = _int(self.values[s])
+        if self.inc is not None:
+            self.generated = runtime_name[self.inc.length]
         self.g.taken.update(v.name for v in m.inputs)
         self.g.taken.update(o.name for o in m.outputs)
         self.g.taken.add("logits")
@@ -443,6 +463,8 @@ class Lowerer:
                 val = replace(val, roles=(self.batch, role), fam=role)
             scope.vals[v.name] = val
             inputs.append((v.name, val.dtype, self.dims(val)))
+        if self.inc is not None:
+            inputs += self._cache_inputs()
         for p in m.params:
             scope.params[p.name] = p
         for item in m.body:
@@ -480,6 +502,8 @@ class Lowerer:
                 # users train on the logits: the input of the final Softmax, as a 2nd output
                 output(logits.name, "logits")
                 graph_outputs.append(("logits", "real", self.dims(logits)))
+        if self.inc is not None:
+            graph_outputs += self._cache_outputs(output)
         meta = self.metadata(m, penv, inputs, graph_outputs)
         doc = f"{m.name}, compiled by fgc from {self.spec.path.rsplit('/', 1)[-1]}" + \
             (f" (preset {self.preset})" if self.preset else "")
@@ -506,6 +530,12 @@ class Lowerer:
         state = {}
         if state_pairs(m):  # outputs a caller feeds back as inputs: {"Mem'": "Mem"}
             state["fgc.state"] = json.dumps(dict(state_pairs(m)), separators=(",", ":"))
+        if self.inc is not None:
+            state["fgc.incremental"] = json.dumps({
+                "tokens": self.inc.tokens, "length": self.generated,
+                "cache": [{"past": past, "present": present, "dims": dims}
+                          for past, present, dims in self._cache_tensors()]},
+                separators=(",", ":"))
         return {
             **state,
             "fgc.inputs": json.dumps(ins, separators=(",", ":")),
@@ -517,6 +547,77 @@ class Lowerer:
             "fgc.spec": self.spec.path.rsplit("/", 1)[-1],
             "fgc.optimize": self.optimize or "none",
         }
+
+    # ---------------------------------------------------------------- the cache
+    def _cache_tensors(self) -> list[tuple[str, str, list]]:
+        """(past name, present name, past dims) in graph order."""
+        return [(past, present, self.inc.dims(site, kind, self.values, PAST))
+                for past, present, site, _, kind in self.inc.tensors(self.values)]
+
+    def _cache_inputs(self) -> list[tuple[str, str, list]]:
+        """The past keys and values, one pair per cached attention and layer; the first
+        one's positions axis is the run-time size `past`."""
+        out = []
+        pending: dict[str, list[str]] = {}
+        for past, present, site, layer, kind in self.inc.tensors(self.values):
+            dims = self.inc.dims(site, kind, self.values, PAST)
+            self.g.taken.update((past, present))
+            out.append((past, "real", dims))
+            self.dynamic.setdefault(PAST, (past, dims.index(PAST)))
+            path = "/".join(ident(p) for p in site.path)
+            path = f"layer{layer}/{path}" if layer else path
+            pending.setdefault(path, []).extend((past, present))
+        for path, (pk, rk, pv, rv) in pending.items():
+            self.sites[path] = (pk, pv, rk, rv)
+        return out
+
+    def _cache_outputs(self, output) -> list[tuple[str, str, list]]:
+        out = []
+        for _, present, dims in self._cache_tensors():
+            if present not in self.presents:
+                raise Unsupported(f"no attention computed `{present}`")
+            output(self.presents[present], present)
+            out.append((present, "real", [f"{PAST}+{self.generated}" if d == PAST else d
+                                          for d in dims]))
+        return out
+
+    def extend_cache(self, path: str, k: V, v: V) -> tuple[V, V]:
+        """An attention of the incremental form: the past keys and values before this
+        call's, and the result is the present."""
+        pk, pv, rk, rv = self.sites[path]
+        total = Poly.sym(PAST) + k.own[0]
+        out = []
+        for new, past, present in ((k, pk, rk), (v, pv, rv)):
+            new = self.canonical(new)
+            axis = len(new.roles)
+            cat = self.g.op("Concat", [past, new.name], present, axis=axis)
+            self.presents[present] = cat
+            val = V("real", new.roles, (total, *new.own[1:]), name=cat, fam=new.fam)
+            self.info(cat, val)
+            out.append(val)
+        return out[0], out[1]
+
+    def offset_causal(self, rows: Poly, cols: Poly) -> V:
+        """Mask^AR for the new positions: row i (position past + i) sees columns 0..past+i."""
+        zero, one = self.g.const(0, "int"), self.g.const(1, "int")
+        past = self.scalar_size(Poly.sym(PAST))
+        r = self.g.op("Range", [past, self.scalar_size(Poly.sym(PAST) + rows), one], "rows")
+        c = self.g.op("Range", [zero, self.scalar_size(cols), one], "cols")
+        later = self.g.op("Greater", [self.g.op("Unsqueeze", [c, self.g.ints([0])], "cols/row"),
+                                      self.g.op("Unsqueeze", [r, self.g.ints([1])], "rows/col")],
+                          "later")
+        out = self.g.op("Where", [later, self.g.const(float("-inf"), "real"),
+                                  self.g.const(0.0, "real")], "Mask^AR/past")
+        v = V("real", (), (rows, cols), name=out)
+        self.info(out, v)
+        return v
+
+    def table_rows(self, fn: ir.Function, env: dict, callee_env_names: list[str]) -> None:
+        """Bindings of a table along the generated length: past + T positions."""
+        for name in callee_env_names:
+            value = env[name]
+            if isinstance(value, Poly) and not self.from_past(value).is_const():
+                env[name] = value + Poly.sym(PAST)
 
     @staticmethod
     def _live(nodes, outputs: set[str]):
@@ -677,6 +778,11 @@ class Lowerer:
                     s = next(iter(d.symbols()))
                     env.setdefault(s, actual)
                     penv.setdefault(s, actual)
+        table = self.inc is not None and not fn.inputs and not (
+            fn.builtin and fn.name in ("Mask^AR", "Mask^AR_next", "Mask^BD")) and any(
+            isinstance(x, Poly) and not self.from_past(x).is_const() for x in env.values())
+        if table:  # positions or a banded mask: made for past + T rows, read from row past
+            self.table_rows(fn, env, list(bindings))
         inst = e.attrs["instance"]
         if inst in scope.shared:
             path = ident(inst)
@@ -709,9 +815,29 @@ class Lowerer:
                 outs[outs.index(o)] = self.as_real(o)
         if role is not None:
             outs = [replace(o, fam=role) if role in o.roles else o for o in outs]
+        if table:
+            outs = [self._last_rows(o) for o in outs]
         if key is not None:
             self.memo[key] = (ins, outs)  # the inputs are kept alive: their ids are the key
         return outs
+
+    def _last_rows(self, v: V) -> V:
+        """A table made for past + T positions: its rows from past on (the first axis that
+        runs over them)."""
+        v = self.canonical(v)
+        total = next((k for k, d in enumerate(v.own) if not self.from_past(d).is_const()),
+                     None)
+        if total is None:
+            return v
+        d = v.own[total]
+        axis = len(v.roles) + total
+        out = self.g.op("Slice", [v.name, self.size(Poly.sym(PAST)), self.size(d),
+                                  self.g.ints([axis])], f"{v.name}[past:]")
+        own = list(v.own)
+        own[total] = d - Poly.sym(PAST)
+        nv = V(v.dtype, v.roles, tuple(own), name=out, offset=v.offset, fam=v.fam)
+        self.info(out, nv)
+        return nv
 
     def _has_params(self, fn: ir.Function) -> bool:
         return bool(fn.params) or any(self._has_params(self.functions[e.attrs["module"]])
@@ -1220,6 +1346,10 @@ def _attention(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
     -inf at every key attends to nothing and gets 0, as PyTorch's and ONNX's Attention do
     (the literal formula would give 0/0)."""
     q, k, v, mask = ins
+    if callee.path in lw.sites:  # the incremental form: keys of the earlier positions too
+        k, v = lw.extend_cache(callee.path, k, v)
+        if mask.kind == "causal":
+            mask = lw.offset_causal(q.own[0], k.own[0])
     causal = mask.kind == "causal" and q.own[0] == k.own[0]
     fused = q.fam is not None and q.fam is k.fam is v.fam and q.roles == (lw.batch, q.fam) \
         and k.roles == q.roles and v.roles == q.roles

@@ -20,6 +20,7 @@ from pathlib import Path
 import jinja2
 
 from ... import ir
+from ...incremental import NotIncremental, derive
 from ...ir import Ell, Eqn, Operand, TensorType, sequence_symbols
 from ...symbolic import Atom, Poly
 from .names import RESERVED, Namer, class_name, ident
@@ -362,6 +363,7 @@ class Body:
         self.comments: dict[str, str] = {}
         self.materialized: set[str] = set()
         self.real_dtype = "torch.get_default_dtype()"  # what integers become where reals go
+        self.start: str | None = None  # the model's body: the first new position (step())
 
     # -- values
     def define_input(self, name: str, t: TensorType, layout: Layout, raw_lo=None) -> str:
@@ -413,7 +415,13 @@ class Body:
         dyn = False
         for d in t.shape:
             if isinstance(d, Poly) and (d.symbols() & self.gen.dynamic):
-                cuts.append(f":{py_poly(d, self.sym)}")
+                end = py_poly(d, self.sym)
+                if self.gen.by_position(d):  # rows start..start+T of a table of positions
+                    if self.start is None:
+                        raise Unsupported("a parameter indexed by position inside the layers")
+                    cuts.append(f"{self.start}:{self.start} + {end}")
+                else:
+                    cuts.append(f":{end}")
                 dyn = True
             else:
                 cuts.append(":")
@@ -949,6 +957,21 @@ POSITIONS = {"argmax", "argsort", "invperm"}  # results held 0-based (raw_lo = 1
 
 def _sdpa(b: Body, fn: ir.Function, inputs: list[str]) -> list[Line]:
     q, k, v, mask = inputs
+    if b.gen.incremental is not None:
+        return [Line("if self.cache is not None:", "step(): the earlier positions' keys first"),
+                Line("    if self.cache:"),
+                Line(f"        {k} = torch.cat([self.cache[0], {k}], dim=-2)"),
+                Line(f"        {v} = torch.cat([self.cache[1], {v}], dim=-2)"),
+                Line(f"    self.cache = ({k}, {v})"),
+                Line(f"if {mask} is CAUSAL:"),
+                Line(f"    if {q}.shape[-2] == {k}.shape[-2]:"),
+                Line(f"        return sdpa({q}, {k}, {v}, is_causal=True)"),
+                Line(f"    if {q}.shape[-2] == 1:", "the newest position sees every key"),
+                Line(f"        return sdpa({q}, {k}, {v})"),
+                Line(f"    {mask} = causal_mask({q}.shape[-2], {k}.shape[-2], {q}.device)"
+                     f".to({q}.dtype)"),
+                Line(f"return sdpa({q}, {k}, {v}, attn_mask={mask})",
+                     "scale 1/sqrt(d) is sdpa's default")]
     return [Line(f"if {mask} is CAUSAL:"),
             Line(f"    return sdpa({q}, {k}, {v}, is_causal=True)"),
             Line(f"return sdpa({q}, {k}, {v}, attn_mask={mask})",
@@ -1042,6 +1065,10 @@ class Generator:
         self.uses_causal = False
         self.uses_take = False
         self.uses_per_member = False
+        try:  # the key/value cache form, for a model whose attention is causal
+            self.incremental = derive(self.model, self.functions)
+        except NotIncremental:
+            self.incremental = None
 
     def _run_lengths(self) -> dict[str, str]:
         """Each size read off the inputs at run time, and its name in model.py: `T` when
@@ -1059,6 +1086,12 @@ class Generator:
         return out
 
     # -- helpers for lowering
+    def by_position(self, d) -> bool:
+        """Whether a size is the generated length of an incremental model: a table or a
+        parameter along it is read from the first new position on."""
+        return self.incremental is not None and isinstance(d, Poly) and \
+            self.incremental.length in d.symbols()
+
     def is_builtin(self, e: Eqn, name: str) -> bool:
         fn = self.functions.get(e.attrs.get("module", ""))
         return fn is not None and fn.builtin and fn.name == name
@@ -1255,11 +1288,11 @@ class Generator:
                        + ("" if fn.inputs else ", device=None"
                           + ("" if fn.builtin and fn.name in BUILTIN_FORWARD else ", dtype=None"))]
         fwd = ", ".join(["self"] + inputs + kw_part)
-        return ClassView(cls, doc, [ident(s) for s in static],
-                         [f"self.{ident(s)} = {ident(s)}" for s in static if
-                          s not in {q for p in fn.params for d in p.type.shape
-                                    for q in d.symbols()} or True],
-                         params, subs, fwd, lines)
+        init_lines = [f"self.{ident(s)} = {ident(s)}" for s in static]
+        if fn.builtin and fn.name == "Attention" and self.incremental is not None:
+            init_lines.append("self.cache = None  # step(): keys and values, (B, A, P, D) each")
+        return ClassView(cls, doc, [ident(s) for s in static], init_lines, params, subs, fwd,
+                         lines)
 
     def _resolve_line_refs(self, body: Body, lines: list[Line]) -> None:
         for line in lines:
@@ -1346,7 +1379,26 @@ class Generator:
             args.extend(kw)
         if e.family is not None and self._has_params(fn.name):
             raise Unsupported(f"`{fn.name}` has parameters but is used once per family member")
-        return [f"{target}({', '.join(args)})"]
+        call = f"{target}({', '.join(args)})"
+        return [self._table_rows(b, e, fn, call)]
+
+    def _table_rows(self, b: Body, e: Eqn, fn: ir.Function, call: str) -> str:
+        """A table computed from sizes along the generated length (positions, a banded
+        mask), in an incremental model: made for start + T positions, its rows from start
+        on. Mask^AR stays CAUSAL: attention aligns it to the keys."""
+        if fn.inputs or self.incremental is None or (fn.builtin and fn.name in MASK_PRODUCERS):
+            return call
+        shape = e.outs[0].type.shape
+        axis = next((k for k, d in enumerate(shape) if self.by_position(d)), None)
+        if axis is None:
+            return call
+        if b.start is None:
+            raise Unsupported(f"`{fn.name}` along the positions inside the layers")
+        for name, value in e.attrs["bindings"].items():
+            if self.by_position(value):
+                text = f"{ident(name)}={py_poly(value, b.sym)}"
+                call = call.replace(text, f"{ident(name)}={b.start} + {py_poly(value, b.sym)}")
+        return f"{call}[{':, ' * axis}{b.start}:]"
 
     def _has_params(self, name: str) -> bool:
         fn = self.functions[name]
@@ -1485,6 +1537,8 @@ class Generator:
                           for e in calls]
                        + [("the layers", "layers")], f"model `{model.name}`")
         body = Body(self, msym, "device", namer, self_attr, self.spec.path)
+        if self.incremental is not None:
+            body.start = "start"
         if model.params:
             body.real_dtype = f"self.{ident(model.params[0].name)}.dtype"
         args = []
@@ -1540,13 +1594,61 @@ class Generator:
             self._resolve_line_refs(body, lines)
             extra = []
             method_name = "forward"
-        if ir.state_pairs(model):
+        if ir.state_pairs(model) or self.incremental is not None:
             extra += self._signature_method(model)
+        forward_args = ["self"] + args
+        if self.incremental is not None:
+            extra += self._step_methods(args, method_name)
+            forward_args += ["*", "start=0"]
         view = ClassView(model_cls, self._model_doc(), [], [], params, subs,
-                         ", ".join(["self"] + args), lines, kind="model", extra_methods=extra)
+                         ", ".join(forward_args), lines, kind="model", extra_methods=extra)
         view.method_name = method_name  # type: ignore[attr-defined]
         view.logits_of = model.outputs[0].name if softmax_out else None  # type: ignore
         return self._render(view, layer_classes)
+
+    def _step_methods(self, args: list[str], method: str) -> list[str]:
+        """cache_sites() and step(): the incremental form, with the keys and values of the
+        positions before this call's (see compiler/incremental.py)."""
+        inc = self.incremental
+        parts = []
+        for loop in sorted({s.loop for s in inc.sites}, key=lambda k: -1 if k is None else k):
+            sites = [s for s in inc.sites if s.loop == loop]
+            paths = [".".join(ident(p) for p in s.path) for s in sites]
+            if loop is None:
+                parts.append("[" + ", ".join(f"self.{p}" for p in paths) + "]")
+            elif len(paths) == 1:
+                parts.append(f"[layer.{paths[0]} for layer in self.{layers_attr(loop)}]")
+            else:
+                parts.append(f"[site for layer in self.{layers_attr(loop)} for site in ("
+                             + ", ".join(f"layer.{p}" for p in paths) + ")]")
+        what = "logits" if method == "logits" else "outputs"
+        call = ", ".join(args + ["start=start"])
+        q = '"""'
+        return ["",
+                "def cache_sites(self):",
+                f"    {q}The attentions whose keys and values step() keeps, in the order of its",
+                f"    `past`: layer by layer.{q}",
+                "    return " + " + ".join(parts),
+                "",
+                f"def step(self, {', '.join(args)}, past=None):",
+                f"    {q}The incremental form. The tokens are those at the positions after the P",
+                "    that `past` holds the keys and values of: one (key, value) pair per",
+                "    attention of cache_sites(), each (B, A, P, D); None when there are none",
+                f"    yet (the prefill form). Returns the {what} of the new positions and the",
+                "    present: the pairs extended by them (P + T positions), the next call's",
+                f"    `past`.{q}",
+                "    sites = self.cache_sites()",
+                "    if past is not None and len(past) != len(sites):",
+                '        raise ValueError(f"past holds {len(past)} key/value pairs; the "',
+                '                         f"model keeps {len(sites)}")',
+                "    start = past[0][0].shape[-2] if past else 0",
+                "    for site, kv in zip(sites, past or [()] * len(sites)):",
+                "        site.cache = kv",
+                "    try:",
+                f"        return self.{method}({call}), [site.cache for site in sites]",
+                "    finally:",
+                "        for site in sites:",
+                "            site.cache = None"]
 
     def _signature_method(self, model: ir.Model) -> list[str]:
         """`signature()` for a model whose outputs include its next inputs (`Mem'` for
@@ -1563,7 +1665,7 @@ class Generator:
                    for v in model.outputs]
         maxima = {self.run_length[s]: int(self.values[s].const_value())
                   for s in sorted(self.dynamic)}
-        return ["def signature(self):",
+        return ["", "def signature(self):",
                 '    """Inputs (with their dims: the batch, run lengths) and outputs in order,',
                 "    and the outputs a caller feeds back as inputs at the next call (read by",
                 '    runtime.run_segments)."""',
@@ -1576,7 +1678,27 @@ class Generator:
                 "        ],",
                 f"        \"state\": {json.dumps(dict(ir.state_pairs(model)))},",
                 f"        \"max_length\": {json.dumps(maxima)},",
+                *(self._incremental_lines() if self.incremental is not None else []),
                 "    }"]
+
+    def _incremental_lines(self) -> list[str]:
+        """signature()'s entry for step(): the token input it extends, that input's run
+        length, and each cached attention's key and value dims and number of layers."""
+        inc = self.incremental
+        known = {k: v for k, v in self.values.items() if isinstance(v, Poly)}
+        lines = ['        "incremental": {',
+                 f'            "tokens": {json.dumps(inc.tokens)},',
+                 f'            "length": {json.dumps(self.run_length[inc.length])},',
+                 '            "cache": [']
+        for s in inc.sites:
+            layers = 1 if s.loop is None else int(inc.layers[s.loop].subs(known).const_value())
+            lines += ["                {",
+                      f'                    "layers": {layers},',
+                      f'                    "key": {json.dumps(inc.dims(s, "key", self.values))},',
+                      '                    "value": '
+                      f'{json.dumps(inc.dims(s, "value", self.values))},',
+                      "                },"]
+        return lines + ["            ],", "        },"]
 
     def _prologue(self, model: ir.Model, names: dict[str, str]) -> list[Line]:
         """The sequence length of this call (each length, when inputs have several), checked
@@ -1596,6 +1718,11 @@ class Generator:
                     lines.append(Line(f"{T} = {x}.shape[{axis}]", "this call's sequence length"
                                       if len(self.run_length) == 1 else
                                       f"the length of {v.name} in this call"))
+                    if self.by_position(d):
+                        lines.append(Line(f"assert start + {T} <= {self.consts[s]}, "
+                                          f"f\"positions up to {{start + {T}}}; the model takes "
+                                          f"at most {{{self.consts[s]}}}\""))
+                        continue
                     lines.append(Line(f"assert {T} <= {self.consts[s]}, "
                                       f"f\"sequence of {{{T}}} tokens; the model takes at most "
                                       f"{{{self.consts[s]}}}\""))

@@ -11,7 +11,7 @@ import unicodedata
 RESERVED = {
     "torch", "nn", "math", "self", "B", "T", "build", "sdpa", "layer_norm", "gelu",
     "embedding", "CAUSAL", "causal_mask", "mask_tensor", "take", "device", "dtype", "layer",
-    "l", "logits",
+    "l", "logits", "start", "past", "sites", "site", "kv",
 } | set(keyword.kwlist) | set(keyword.softkwlist) | set(dir(builtins))
 
 # attributes every nn.Module has: a parameter or submodule of that name would shadow them
@@ -24,7 +24,8 @@ MODULE_ATTRIBUTES = {
     "requires_grad_", "share_memory", "type", "extra_repr", "reset_parameters",
     "call_super_init", "dump_patches", "compile", "to_empty", "set_extra_state",
     "get_extra_state", "register_forward_hook", "register_forward_pre_hook",
-    "register_backward_hook", "register_full_backward_hook", "l",
+    "register_backward_hook", "register_full_backward_hook", "l", "step", "cache_sites",
+    "cache", "signature",
 }
 RESERVED |= MODULE_ATTRIBUTES
 

@@ -94,10 +94,20 @@ class Attention(nn.Module):
 
     def __init__(self):
         super().__init__()
+        self.cache = None  # step(): keys and values, (B, A, P, D) each
 
     def forward(self, Q, K, V, Mask):
+        if self.cache is not None:  # step(): the earlier positions' keys first
+            if self.cache:
+                K = torch.cat([self.cache[0], K], dim=-2)
+                V = torch.cat([self.cache[1], V], dim=-2)
+            self.cache = (K, V)
         if Mask is CAUSAL:
-            return sdpa(Q, K, V, is_causal=True)
+            if Q.shape[-2] == K.shape[-2]:
+                return sdpa(Q, K, V, is_causal=True)
+            if Q.shape[-2] == 1:  # the newest position sees every key
+                return sdpa(Q, K, V)
+            Mask = causal_mask(Q.shape[-2], K.shape[-2], Q.device).to(Q.dtype)
         return sdpa(Q, K, V, attn_mask=Mask)  # scale 1/sqrt(d) is sdpa's default
 
 
@@ -284,11 +294,11 @@ class GPT2(nn.Module):
         nn.init.normal_(self.W_e, std=0.02)
         nn.init.normal_(self.W_p, std=0.02)
 
-    def logits(self, x):
+    def logits(self, x, *, start=0):
         T = x.shape[1]  # this call's sequence length
-        assert T <= n, f"sequence of {T} tokens; the model takes at most {n}"
+        assert start + T <= n, f"positions up to {start + T}; the model takes at most {n}"
         device = x.device
-        H_0 = embedding(x, self.W_e) + self.W_p[:T]  # (B, T, H)  gpt2.fgpt:52
+        H_0 = embedding(x, self.W_e) + self.W_p[start:start + T]  # (B, T, H)  gpt2.fgpt:52
         mask_ar = self.Mask_AR(n=T, device=device)  # (T, T)  gpt2.fgpt:55
         H_L = H_0
         for layer in self.layers:  # L layers
@@ -299,6 +309,57 @@ class GPT2(nn.Module):
     def forward(self, x):
         """GPT: the probabilities, Softmax(logits)."""
         return torch.softmax(self.logits(x), dim=-1)
+
+    def signature(self):
+        """Inputs (with their dims: the batch, run lengths) and outputs in order,
+        and the outputs a caller feeds back as inputs at the next call (read by
+        runtime.run_segments)."""
+        return {
+            "inputs": [
+                {"name": "x", "dims": ["batch", "T"]},
+            ],
+            "outputs": [
+                {"name": "GPT", "dims": ["batch", "T", 50]},
+            ],
+            "state": {},
+            "max_length": {"T": 8},
+            "incremental": {
+                "tokens": "x",
+                "length": "T",
+                "cache": [
+                    {
+                        "layers": 2,
+                        "key": ["batch", 2, "past", 8],
+                        "value": ["batch", 2, "past", 8],
+                    },
+                ],
+            },
+        }
+
+    def cache_sites(self):
+        """The attentions whose keys and values step() keeps, in the order of its
+        `past`: layer by layer."""
+        return [layer.MH.Attention for layer in self.layers]
+
+    def step(self, x, past=None):
+        """The incremental form. The tokens are those at the positions after the P
+        that `past` holds the keys and values of: one (key, value) pair per
+        attention of cache_sites(), each (B, A, P, D); None when there are none
+        yet (the prefill form). Returns the logits of the new positions and the
+        present: the pairs extended by them (P + T positions), the next call's
+        `past`."""
+        sites = self.cache_sites()
+        if past is not None and len(past) != len(sites):
+            raise ValueError(f"past holds {len(past)} key/value pairs; the "
+                             f"model keeps {len(sites)}")
+        start = past[0][0].shape[-2] if past else 0
+        for site, kv in zip(sites, past or [()] * len(sites)):
+            site.cache = kv
+        try:
+            return self.logits(x, start=start), [site.cache for site in sites]
+        finally:
+            for site in sites:
+                site.cache = None
 
 
 

@@ -1,0 +1,283 @@
+"""Text generation: token ids in, token ids out.
+
+    from runtime import load, generate
+    model = load("out/gpt2-kv")                       # fgc compile ... --target onnx --kv-cache
+    ids = generate(model, [[464, 2068, 7586]], max_new_tokens=20)           # greedy
+    ids = generate(model, [[464, 2068, 7586]], 20, temperature=0.8, top_k=50, top_p=0.95,
+                   seed=0, stop=[50256])
+
+`model` is an ONNX model fgc compiled (`runtime.Model`), or the PyTorch module it emitted
+(`build()` from its model.py). A model with the incremental form (an ONNX graph compiled
+with `--kv-cache`; every torch module of an autoregressive spec, through `step()`) runs
+the prompt once and then one token per call, keeping each attention's keys and values;
+any other model recomputes the whole prefix at every step (`cache=False` asks for that
+too). Token ids are 0-based, as the compiled models take them; tokenizers are the
+caller's.
+
+Sampling follows the usual order: the logits divided by the temperature, cut to the
+`top_k` most likely, then to the smallest set whose probability reaches `top_p`, then one
+id drawn with numpy's generator seeded by `seed`. Without temperature, top-k or top-p
+(or with `greedy=True`) the most likely id is taken.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .session import Model, RuntimeError_
+
+
+class Sampler:
+    """Picks the next id of each sequence from its logits."""
+
+    def __init__(self, greedy: bool | None = None, temperature: float | None = None,
+                 top_k: int | None = None, top_p: float | None = None,
+                 seed: int | None = None):
+        sampling = temperature is not None or top_k is not None or top_p is not None
+        if greedy and sampling:
+            raise RuntimeError_("greedy decoding takes no temperature, top-k or top-p")
+        if temperature is not None and not temperature > 0:
+            raise RuntimeError_(f"temperature {temperature}: give a positive number")
+        if top_k is not None and top_k < 1:
+            raise RuntimeError_(f"top-k {top_k}: give a positive number")
+        if top_p is not None and not 0 < top_p <= 1:
+            raise RuntimeError_(f"top-p {top_p}: give a number in (0, 1]")
+        self.greedy = not sampling if greedy is None else greedy
+        self.temperature = temperature or 1.0
+        self.top_k = top_k
+        self.top_p = top_p
+        self.rng = np.random.default_rng(seed)
+
+    def __call__(self, logits: np.ndarray) -> np.ndarray:
+        """One id per row of `logits` [batch, vocabulary]."""
+        z = np.asarray(logits, dtype=np.float64)
+        if self.greedy:
+            return z.argmax(-1)
+        z = z / self.temperature
+        if self.top_k is not None and self.top_k < z.shape[-1]:
+            kth = np.partition(z, -self.top_k, axis=-1)[:, -self.top_k][:, None]
+            z = np.where(z < kth, -np.inf, z)
+        p = np.exp(z - z.max(-1, keepdims=True))
+        p /= p.sum(-1, keepdims=True)
+        if self.top_p is not None and self.top_p < 1:
+            order = np.argsort(-p, axis=-1, kind="stable")
+            sorted_p = np.take_along_axis(p, order, -1)
+            before = np.cumsum(sorted_p, -1) - sorted_p  # mass of the likelier ids
+            drop = np.zeros_like(p, dtype=bool)
+            np.put_along_axis(drop, order, before >= self.top_p, -1)
+            p = np.where(drop, 0.0, p)
+            p /= p.sum(-1, keepdims=True)
+        u = self.rng.random((p.shape[0], 1))
+        picked = (np.cumsum(p, -1) < u).sum(-1)
+        return np.minimum(picked, p.shape[-1] - 1)
+
+
+def generate(model, prompt, max_new_tokens: int, *, greedy: bool | None = None,
+             temperature: float | None = None, top_k: int | None = None,
+             top_p: float | None = None, seed: int | None = None, stop=(),
+             max_length: int | None = None, inputs: dict | None = None,
+             cache: bool = True) -> list[list[int]]:
+    """The new ids of each prompt (a list of ids, or equal-length lists for a batch): at
+    most `max_new_tokens`, fewer where a `stop` id came (it is kept) or the sequence
+    reached `max_length` positions. `inputs` are the model's other inputs (an encoder's
+    source), the same at every step."""
+    runner = _runner(model, cache)
+    ids = np.asarray(prompt, dtype=np.int64)
+    if ids.ndim == 1:
+        ids = ids[None]
+    if ids.ndim != 2 or ids.shape[1] < 1:
+        raise RuntimeError_("the prompt is empty: give at least one id")
+    if max_new_tokens < 0:
+        raise RuntimeError_(f"max new tokens {max_new_tokens}: give a number >= 0")
+    vocab = runner.vocabulary
+    if vocab is not None and (ids.min() < 0 or ids.max() >= vocab):
+        raise RuntimeError_(f"prompt ids must be in 0..{vocab - 1} (0-based)")
+    limit = runner.max_length
+    if max_length is not None:
+        if limit is not None and max_length > limit:
+            raise RuntimeError_(f"max length {max_length}: the model takes at most {limit} "
+                                "positions")
+        limit = max_length
+    if limit is not None:
+        if ids.shape[1] > limit:
+            raise RuntimeError_(f"the prompt has {ids.shape[1]} ids; the model takes at most "
+                                f"{limit} positions")
+        if max_length is None and ids.shape[1] + max_new_tokens > limit:
+            raise RuntimeError_(f"{ids.shape[1]} prompt ids and {max_new_tokens} new ones "
+                                f"exceed the model's {limit} positions; give fewer new "
+                                "tokens, or --max-length to stop there")
+        max_new_tokens = min(max_new_tokens, limit - ids.shape[1])
+    sampler = Sampler(greedy, temperature, top_k, top_p, seed)
+    stops = np.asarray(sorted(set(int(s) for s in stop)), dtype=np.int64)
+    fixed = runner.fixed(dict(inputs or {}), ids.shape[0])
+    batch = ids.shape[0]
+    new = np.zeros((batch, 0), np.int64)
+    done = np.zeros(batch, bool)
+    if max_new_tokens == 0:
+        return [[] for _ in range(batch)]
+    logits = runner.start(ids, fixed)
+    while True:
+        nxt = sampler(logits)
+        if stops.size:
+            nxt = np.where(done, new[:, -1] if new.shape[1] else nxt, nxt)
+            done |= np.isin(nxt, stops)
+        new = np.concatenate([new, nxt[:, None]], 1)
+        if new.shape[1] >= max_new_tokens or done.all():
+            break
+        logits = runner.next(nxt[:, None], fixed)
+    out = []
+    for row in new.tolist():
+        cut = next((k + 1 for k, t in enumerate(row) if t in set(stops.tolist())), len(row))
+        out.append(row[:cut])
+    return out
+
+
+# ---------------------------------------------------------------- the two backends
+
+
+def _runner(model, cache: bool):
+    if isinstance(model, Model):
+        return _OnnxRunner(model, cache)
+    if callable(getattr(model, "signature", None)) or callable(getattr(model, "logits", None)):
+        return _TorchRunner(model, cache)
+    raise RuntimeError_("generate takes a runtime.Model (ONNX) or a PyTorch module fgc "
+                        "compiled")
+
+
+class _OnnxRunner:
+    def __init__(self, model: Model, cache: bool):
+        self.model = model
+        inc = model.incremental
+        self.cached = bool(inc) and cache
+        self.inc = inc
+        names = [i["name"] for i in model.inputs]
+        self.tokens = inc["tokens"] if inc else _token_input(model.inputs)
+        self.others = [n for n in names if n != self.tokens]
+        spec = next(i for i in model.inputs if i["name"] == self.tokens)
+        self.vocabulary = spec["hi"] - spec["lo"] + 1
+        axis = spec["dims"][1]
+        self.max_length = model.max_length.get(axis)
+        outs = model.outputs
+        self.logits_name = "logits" if "logits" in outs else None
+        if self.logits_name is None:
+            raise RuntimeError_("the model has no `logits` output to pick tokens from")
+        self.past: dict = {}
+        self.prefix: np.ndarray | None = None
+
+    def fixed(self, given: dict, batch: int) -> dict:
+        missing = [n for n in self.others if n not in given]
+        if missing:
+            raise RuntimeError_(f"give the model's input {', '.join(missing)} (it is the same "
+                                "at every step)")
+        unknown = set(given) - set(self.others)
+        if unknown:
+            raise RuntimeError_(f"the model has no other input {', '.join(sorted(unknown))}")
+        return {k: np.asarray(v) for k, v in given.items()}
+
+    def start(self, ids: np.ndarray, fixed: dict) -> np.ndarray:
+        checked = self.model.check({**fixed, self.tokens: ids})
+        self.fixed_checked = {k: v for k, v in checked.items() if k != self.tokens}
+        if not self.cached:
+            self.prefix = checked[self.tokens]
+            return self._full()
+        batch = ids.shape[0]
+        self.past = {c["past"]: np.zeros([batch if d == "batch" else 0 if d == "past" else d
+                                          for d in c["dims"]], np.float32)
+                     for c in self.inc["cache"]}
+        return self._step(checked[self.tokens])
+
+    def next(self, ids: np.ndarray, fixed: dict) -> np.ndarray:
+        if not self.cached:
+            self.prefix = np.concatenate([self.prefix, ids], 1)
+            return self._full()
+        return self._step(ids)
+
+    def _run(self, names: list[str], feeds: dict) -> list:
+        try:
+            return self.model.session.run(names, feeds)
+        except Exception as e:  # noqa: BLE001 - onnxruntime's errors are one class per cause
+            raise RuntimeError_(f"onnxruntime failed: {str(e)[:300]}") from None
+
+    def _full(self) -> np.ndarray:
+        (logits,) = self._run([self.logits_name], {**self.fixed_checked,
+                                                   self.tokens: self.prefix})
+        return logits[:, -1]
+
+    def _step(self, ids: np.ndarray) -> np.ndarray:
+        cache = self.inc["cache"]
+        names = [self.logits_name] + [c["present"] for c in cache]
+        values = self._run(names, {**self.fixed_checked, self.tokens: ids, **self.past})
+        self.past = {c["past"]: v for c, v in zip(cache, values[1:])}
+        return values[0][:, -1]
+
+
+class _TorchRunner:
+    def __init__(self, module, cache: bool):
+        import torch
+        self.torch = torch
+        self.module = module
+        sig = module.signature() if callable(getattr(module, "signature", None)) else None
+        inc = (sig or {}).get("incremental")
+        self.cached = bool(inc) and cache and callable(getattr(module, "step", None))
+        if not callable(getattr(module, "logits", None)):
+            raise RuntimeError_("the module has no logits(): its output is not a softmax "
+                                "over the vocabulary")
+        inputs = sig["inputs"] if sig else [{"name": "x", "dims": ["batch", "T"]}]
+        self.order = [i["name"] for i in inputs]
+        self.tokens = inc["tokens"] if inc else self.order[-1]
+        self.others = [n for n in self.order if n != self.tokens]
+        length = inc["length"] if inc else None
+        self.max_length = (sig or {}).get("max_length", {}).get(length) if length else None
+        outs = (sig or {}).get("outputs", [])
+        last = outs[0]["dims"][-1] if outs and outs[0]["dims"] else None
+        self.vocabulary = last if isinstance(last, int) else None
+        first = next(module.parameters(), None)
+        self.device = first.device if first is not None else None
+        self.past = None
+        self.prefix = None
+
+    def fixed(self, given: dict, batch: int) -> dict:
+        missing = [n for n in self.others if n not in given]
+        if missing:
+            raise RuntimeError_(f"give the model's input {', '.join(missing)} (it is the same "
+                                "at every step)")
+        return {k: self.torch.as_tensor(np.asarray(v), device=self.device)
+                for k, v in given.items()}
+
+    def _args(self, fixed: dict, ids) -> list:
+        return [ids if n == self.tokens else fixed[n] for n in self.order]
+
+    def start(self, ids: np.ndarray, fixed: dict) -> np.ndarray:
+        ids = self.torch.as_tensor(ids, device=self.device)
+        if not self.cached:
+            self.prefix = ids
+            return self._full(fixed)
+        with self.torch.inference_mode():
+            logits, self.past = self.module.step(*self._args(fixed, ids))
+        return logits[:, -1].float().cpu().numpy()
+
+    def next(self, ids: np.ndarray, fixed: dict) -> np.ndarray:
+        ids = self.torch.as_tensor(ids, device=self.device)
+        if not self.cached:
+            self.prefix = self.torch.cat([self.prefix, ids], 1)
+            return self._full(fixed)
+        with self.torch.inference_mode():
+            logits, self.past = self.module.step(*self._args(fixed, ids), past=self.past)
+        return logits[:, -1].float().cpu().numpy()
+
+    def _full(self, fixed: dict) -> np.ndarray:
+        with self.torch.inference_mode():
+            logits = self.module.logits(*self._args(fixed, self.prefix))
+        return logits[:, -1].float().cpu().numpy()
+
+
+def _token_input(inputs: list[dict]) -> str:
+    """The input a model without the incremental form generates along: of its inputs of
+    ids, the one over the most values (the vocabulary, not segments); the last of equals
+    (the target, after an encoder's source)."""
+    ids = [i for i in inputs if i["dtype"] == "int" and not i.get("perm")
+           and len(i["dims"]) == 2]
+    if not ids:
+        raise RuntimeError_("the model has no input of token ids")
+    widest = max(i["hi"] - i["lo"] for i in ids)
+    return [i["name"] for i in ids if i["hi"] - i["lo"] == widest][-1]
