@@ -180,11 +180,14 @@ class _OnnxRunner:
         if not self.cached:
             self.prefix = checked[self.tokens]
             return self._full()
-        batch = ids.shape[0]
-        self.past = {c["past"]: np.zeros([batch if d == "batch" else 0 if d == "past" else d
-                                          for d in c["dims"]], np.float32)
-                     for c in self.inc["cache"]}
+        self.past = self._empty(ids.shape[0])
         return self._step(checked[self.tokens])
+
+    def _empty(self, batch: int) -> dict:
+        """No past yet: every cache tensor with no positions (the prefill form)."""
+        return {c["past"]: np.zeros([batch if d == "batch" else 0 if d == "past" else d
+                                     for d in c["dims"]], np.float32)
+                for c in (self.inc or {}).get("cache", [])}
 
     def next(self, ids: np.ndarray, fixed: dict) -> np.ndarray:
         if not self.cached:
@@ -200,7 +203,8 @@ class _OnnxRunner:
 
     def _full(self) -> np.ndarray:
         (logits,) = self._run([self.logits_name], {**self.fixed_checked,
-                                                   self.tokens: self.prefix})
+                                                   self.tokens: self.prefix,
+                                                   **self._empty(self.prefix.shape[0])})
         return logits[:, -1]
 
     def _step(self, ids: np.ndarray) -> np.ndarray:

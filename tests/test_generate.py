@@ -1,0 +1,403 @@
+"""Generation with the incremental (key/value cache) form, in both backends.
+
+The compiler derives the incremental form from the IR (compiler/incremental.py): which
+attentions keep keys and values, and that nothing else mixes positions. These tests hold
+it to the full model: run in pieces with a cache, every spec that has the form gives the
+logits of one full run; greedy generation with the cache gives the ids of generation that
+recomputes the whole prefix, in torch and in ONNX; and for released GPT-2 it gives the ids
+of transformers' `generate` with the same weights.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import json
+
+import numpy as np
+import pytest
+from conftest import ROOT, fgc, peaked_weights
+
+from compiler.backends.onnx.lower import Lowerer
+from compiler.emit import compile_spec, prepare_output, write_onnx
+from compiler.errors import FgcError
+from compiler.incremental import NotIncremental, derive
+from compiler.pipeline import load
+from compiler.weights import parameter_keys
+from runtime import RuntimeError_, Sampler, generate
+from runtime import load as load_onnx
+
+torch = pytest.importorskip("torch")
+
+TOL = 1e-5
+
+# (spec, --set values): every shipped spec with an autoregressive attention, tiny
+CASES = {
+    "gpt2": ("specs/gpt2.fgpt", dict(L=2, H=24, A=3, V=37, n=24)),
+    "gpt1": ("specs/gpt1.fgpt", dict(L=2, H=16, A=2, V=29, n=20)),
+    "formal_gpt3": ("specs/formal/gpt3.fgpt", dict(L=3, H=16, A=4, D=6, V=31, n=24, w=3)),
+    "t_d": ("specs/t_d.fgpt", dict(L=2, H=8, A=2, V=11, n=16)),
+    "transformer": ("specs/transformer.fgpt", dict(L=2, H=8, A=2, V=13, n=6, m=16)),
+}
+SOURCE = {"transformer": "x"}  # an encoder's input: the same at every step
+# weights whose greedy runs are not one id repeated (tiny random post-norm models often are)
+WEIGHT_SEED = {"transformer": 10}
+
+
+def _import(path, tag: str):
+    spec = importlib.util.spec_from_file_location(f"gen_{tag}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """Per case: the torch module, with peaked random weights."""
+    out = {}
+    for name, (spec, sets) in CASES.items():
+        d = tmp_path_factory.mktemp(name)
+        compile_spec(spec, str(d / "torch"), "torch", sets=sets)
+        model = _import(d / "torch" / "model.py", name).build().eval()
+        torch.manual_seed(WEIGHT_SEED.get(name, len(name)))
+        peaked_weights(model, norm_gain="gamma")
+        out[name] = {"torch": model, "dir": d}
+    return out
+
+
+def _onnx(built, name: str, kv_cache: bool):
+    """The case's ONNX graph (with or without the cache) holding the torch module's
+    weights, loaded for the CPU provider."""
+    entry = built[name]
+    key = "kv" if kv_cache else "full"
+    if key not in entry:
+        path, sets = CASES[name]
+        spec = load(path)
+        cfg = spec.configure(None, sets)
+        state = entry["torch"].state_dict()
+        weights = {o: state[t].numpy() for t, o in parameter_keys(cfg)}
+        model, blobs = Lowerer(spec, spec.symbolic(), cfg.values, weights=weights,
+                               kv_cache=kv_cache).lower(stream=True)
+        folder = prepare_output(str(entry["dir"] / key))
+        write_onnx(model, blobs, folder, external=False)
+        entry[key] = load_onnx(folder, provider="cpu")
+    return entry[key]
+
+
+def _tokens(name: str, batch: int, length: int, seed: int = 0) -> dict:
+    spec, sets = CASES[name]
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    if name in SOURCE:
+        out[SOURCE[name]] = torch.randint(0, sets["V"], (batch, sets["n"] - 1), generator=g)
+    out["ids"] = torch.randint(0, sets["V"], (batch, length), generator=g)
+    return out
+
+
+# ---------------------------------------------------------------- the analysis
+
+
+def test_which_specs_have_an_incremental_form():
+    found = {}
+    for path in sorted((ROOT / "specs").rglob("*.fgpt")):
+        sym = load(str(path)).symbolic()
+        try:
+            found[path.relative_to(ROOT).as_posix()] = derive(sym.model, sym.functions)
+        except NotIncremental:
+            pass
+    assert set(found) == {"specs/gpt1.fgpt", "specs/gpt2.fgpt", "specs/formal/gpt.fgpt",
+                          "specs/formal/gpt2.fgpt", "specs/formal/gpt3.fgpt", "specs/t_d.fgpt",
+                          "specs/transformer.fgpt"}
+    # the Transformer generates its target; its encoder's self-attention and the decoder's
+    # cross-attention keep nothing
+    tr = found["specs/transformer.fgpt"]
+    assert (tr.tokens, tr.length) == ("y", "m")
+    assert [s.path for s in tr.sites] == [("dec_self_attn", "Attention")]
+    assert [s.path for s in found["specs/gpt2.fgpt"].sites] == [("attn", "Attention")]
+
+
+def test_cache_dims_follow_the_key_and_value_types(tmp_path):
+    """Keys of width Dk and values of width Dv: each cache tensor has its own, in the
+    torch signature and in the ONNX graph."""
+    spec = tmp_path / "kv.fgpt"
+    spec.write_text("""
+module SplitMH[A, Dk, Dv](X: R[n, H], Mask: R[n, n]) -> R[n, H] {
+  SplitMH(X, Mask) = Concat(head_1, ..., head_A) @ W^O
+    where head_i = Attention(X @ W_i^Q, X @ W_i^K, X @ W_i^V, Mask) for i in 1..A
+  param W_i^Q: R[H, Dk] for i in 1..A
+  param W_i^K: R[H, Dk] for i in 1..A
+  param W_i^V: R[H, Dv] for i in 1..A
+  param W^O: R[A * Dv, H]
+}
+model KV {
+  hyper L = 2, H = 12, A = 3, Dk = 5, Dv = 7, V = 17, n = 10
+  input x: {1..V}^n
+  param W_e: R[V, H]
+  param W_p: R[n, H]
+  H^(0) = OneHot(x) @ W_e + W_p
+  layers l in 1..L {
+    H^(l) = attn: SplitMH[A, Dk, Dv](LN(H^(l-1)), Mask^AR) + H^(l-1)
+  }
+  output probs = Softmax(H^(L) @ W_e^T)
+}
+""")
+    compile_spec(str(spec), str(tmp_path / "t"), "torch")
+    compile_spec(str(spec), str(tmp_path / "o"), "onnx", kv_cache=True)
+    sig = _import(tmp_path / "t" / "model.py", "kv").build().signature()
+    assert sig["incremental"]["cache"] == [{"layers": 2, "key": ["batch", 3, "past", 5],
+                                            "value": ["batch", 3, "past", 7]}]
+    m = load_onnx(tmp_path / "o", provider="cpu")
+    dims = {i.name: i.shape for i in m.session.get_inputs()}
+    assert dims["past.1.key"] == ["batch", 3, "past", 5]
+    assert dims["past.1.value"] == ["batch", 3, "past", 7]
+    outs = {o.name: o.shape for o in m.session.get_outputs()}
+    assert outs["present.0.value"] == ["batch", 3, "past+T", 7]
+    assert [c["past"] for c in m.incremental["cache"]] == [
+        "past.0.key", "past.0.value", "past.1.key", "past.1.value"]
+
+
+MIXING = {
+    # a mean over the positions: position 1's output would change with every new token
+    "mean over positions": ("  Z = H^(L) - mean(H^(L)^T)^T\n", "Z"),
+    # attention over every position, without a causal mask
+    "bidirectional": ("  Z = MH[A, D](H^(L), Mask^BD) + H^(L)\n", "Z"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MIXING))
+def test_a_spec_that_mixes_positions_has_no_incremental_form(tmp_path, case):
+    extra, out = MIXING[case]
+    spec = tmp_path / "mix.fgpt"
+    spec.write_text(f"""model Mix {{
+  hyper L = 1, H = 8, A = 2, D = H / A, V = 11, n = 6
+  input x: {{1..V}}^n
+  param W_e: R[V, H]
+  H^(0) = OneHot(x) @ W_e
+  layers l in 1..L {{
+    H^(l) = MH[A, D](H^(l-1), Mask^AR) + H^(l-1)
+  }}
+{extra}  output probs = Softmax({out} @ W_e^T)
+}}
+""")
+    with pytest.raises(FgcError) as err:
+        compile_spec(str(spec), str(tmp_path / "o"), "onnx", kv_cache=True)
+    d = err.value.diagnostics[0]
+    assert "no incremental form" in d.message and d.span is not None
+    assert d.span.line == 9  # the line that mixes them
+    r = fgc("compile", str(spec), "--target", "onnx", "--kv-cache", "-o", str(tmp_path / "c"))
+    assert r.returncode == 1 and "mix.fgpt:9" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "c" / "model.onnx").exists()
+
+
+def test_kv_cache_of_a_model_that_is_not_autoregressive_is_an_error(tmp_path):
+    r = fgc("compile", "specs/bert.fgpt", "--target", "onnx", "--kv-cache", "--set", "L=1",
+            "--set", "H=8", "--set", "A=2", "--set", "V=11", "-o", str(tmp_path / "o"))
+    assert r.returncode == 1
+    assert "no incremental form" in r.stderr and "bert.fgpt" in r.stderr
+
+
+# ---------------------------------------------------------------- pieces == one run
+
+
+PIECES = [(0, 5), (5, 9), (9, 10), (10, 11), (11, 12)]
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_torch_step_by_step_equals_one_run(built, name):
+    model = built[name]["torch"]
+    t = _tokens(name, 3, PIECES[-1][1])
+    ids, src = t["ids"], [t[SOURCE[name]]] if name in SOURCE else []
+    with torch.no_grad():
+        full = model.logits(*src, ids)
+        past, parts = None, []
+        for a, b in PIECES:
+            logits, past = model.step(*src, ids[:, a:b], past=past)
+            parts.append(logits)
+    assert (torch.cat(parts, 1) - full).abs().max().item() <= TOL
+    sites = model.cache_sites()
+    assert len(past) == len(sites) and all(k.shape[-2] == PIECES[-1][1] for k, _ in past)
+    assert all(site.cache is None for site in sites)  # nothing left behind
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_onnx_step_by_step_equals_one_run(built, name):
+    full_model, inc = _onnx(built, name, False), _onnx(built, name, True)
+    t = _tokens(name, 2, PIECES[-1][1])
+    ids = t["ids"].numpy()
+    fixed = {SOURCE[name]: t[SOURCE[name]].numpy()} if name in SOURCE else {}
+    tokens = inc.incremental["tokens"]
+    full = full_model.session.run(["logits"], {**fixed, tokens: ids})[0]
+    cache = inc.incremental["cache"]
+    past = {c["past"]: np.zeros([2 if d == "batch" else 0 if d == "past" else d
+                                 for d in c["dims"]], np.float32) for c in cache}
+    parts = []
+    for a, b in PIECES:
+        values = inc.session.run(["logits"] + [c["present"] for c in cache],
+                                 {**fixed, tokens: ids[:, a:b], **past})
+        parts.append(values[0])
+        past = {c["past"]: v for c, v in zip(cache, values[1:])}
+    assert np.abs(np.concatenate(parts, 1) - full).max() <= TOL
+    # the same weights as the torch module: the backends agree too
+    src = [t[SOURCE[name]]] if name in SOURCE else []
+    with torch.no_grad():
+        ref = built[name]["torch"].logits(*src, t["ids"]).numpy()
+    assert np.abs(full - ref).max() <= 1e-4
+
+
+# ---------------------------------------------------------------- generation
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_greedy_with_the_cache_equals_recomputing_the_prefix(built, name):
+    t = _tokens(name, 2, 3, seed=5)
+    fixed = {SOURCE[name]: t[SOURCE[name]].numpy()} if name in SOURCE else {}
+    prompt = t["ids"].tolist()
+    new = CASES[name][1]["m" if name == "transformer" else "n"] - 3
+    ref = generate(built[name]["torch"], prompt, new, inputs=fixed, cache=False)
+    assert generate(built[name]["torch"], prompt, new, inputs=fixed) == ref
+    assert generate(_onnx(built, name, True), prompt, new, inputs=fixed) == ref
+    assert generate(_onnx(built, name, False), prompt, new, inputs=fixed) == ref
+    assert all(len(row) == new for row in ref)
+    assert len({tuple(row) for row in ref}) > 1 or len(set(ref[0])) > 1  # not one id
+
+
+def test_sampling_is_seeded_and_the_same_with_the_cache(built):
+    model = built["gpt2"]["torch"]
+    onnx_model = _onnx(built, "gpt2", True)
+    prompt = [[1, 2, 3], [4, 5, 6]]
+    kw = dict(temperature=1.3, top_k=8, top_p=0.9, seed=11)
+    a = generate(model, prompt, 12, **kw)
+    assert a == generate(model, prompt, 12, cache=False, **kw)
+    assert a == generate(onnx_model, prompt, 12, **kw)
+    assert a != generate(model, prompt, 12, **{**kw, "seed": 12})
+    # top-k 1, and a top-p below the likeliest id's probability, are greedy
+    greedy = generate(model, prompt, 12)
+    assert generate(model, prompt, 12, top_k=1, seed=3) == greedy
+    assert generate(model, prompt, 12, top_p=1e-6, seed=3) == greedy
+
+
+def test_sampler_cuts():
+    logits = np.log(np.array([[0.5, 0.3, 0.15, 0.05]]))
+    picks = {int(Sampler(top_k=2, seed=s)(logits)[0]) for s in range(200)}
+    assert picks == {0, 1}
+    picks = {int(Sampler(top_p=0.75, seed=s)(logits)[0]) for s in range(200)}
+    assert picks == {0, 1}  # 0.5 falls short of 0.75, 0.5 + 0.3 reaches it: the rest are cut
+    picks = [int(Sampler(temperature=1.0, seed=s)(logits)[0]) for s in range(4000)]
+    freq = np.bincount(picks, minlength=4) / len(picks)
+    assert np.abs(freq - [0.5, 0.3, 0.15, 0.05]).max() < 0.03
+    with pytest.raises(RuntimeError_):
+        Sampler(greedy=True, temperature=0.5)
+    with pytest.raises(RuntimeError_):
+        Sampler(top_p=1.5)
+
+
+def test_stop_ids_and_max_length(built):
+    model = built["gpt2"]["torch"]
+    prompt = [[1, 2, 3]]
+    (free,) = generate(model, prompt, 10)
+    stop = free[3]
+    (cut,) = generate(model, prompt, 10, stop=[stop])
+    assert cut == free[:free.index(stop) + 1]
+    (short,) = generate(model, prompt, 10, max_length=7)
+    assert short == free[:4]
+    with pytest.raises(RuntimeError_, match="exceed the model's 24 positions"):
+        generate(model, prompt, 30)
+    with pytest.raises(RuntimeError_, match="0..36"):
+        generate(model, [[1, 99]], 3)
+
+
+# ---------------------------------------------------------------- against transformers
+
+
+@pytest.fixture(scope="module")
+def hf_gpt2(tmp_path_factory):
+    transformers = pytest.importorskip("transformers")
+    from safetensors.torch import save_file
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=40, n_head=5, vocab_size=53,
+                                  n_positions=32, bos_token_id=52, eos_token_id=52,
+                                  attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0)
+    torch.manual_seed(0)
+    hf = transformers.GPT2LMHeadModel(cfg).eval()
+    peaked_weights(hf)
+    d = tmp_path_factory.mktemp("hf_gpt2")
+    save_file({k: v.detach().clone().contiguous() for k, v in hf.state_dict().items()},
+              str(d / "gpt2.safetensors"))
+    return hf, d
+
+
+def test_greedy_equals_transformers_generate(hf_gpt2):
+    hf, d = hf_gpt2
+    sets = dict(L=2, H=40, A=5, V=53, n=32)
+    w = str(d / "gpt2.safetensors")
+    compile_spec("specs/gpt2.fgpt", str(d / "t"), "torch", sets=sets, weights=w)
+    compile_spec("specs/gpt2.fgpt", str(d / "o"), "onnx", sets=sets, weights=w, kv_cache=True)
+    from safetensors.torch import load_file
+    ours = _import(d / "t" / "model.py", "hf").build().eval()
+    ours.load_state_dict(load_file(str(d / "t" / "weights.safetensors")))
+    onnx_model = load_onnx(d / "o", provider="cpu")
+    g = torch.Generator().manual_seed(1)
+    prompt = torch.randint(0, 52, (3, 4), generator=g)
+    with torch.no_grad():
+        ref = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=20,
+                          do_sample=False, pad_token_id=52, eos_token_id=None)
+    expected = ref[:, 4:].tolist()
+    assert len({t for row in expected for t in row}) > 3  # not one id repeated
+    assert generate(ours, prompt.tolist(), 20) == expected
+    assert generate(onnx_model, prompt.tolist(), 20) == expected
+
+
+# ---------------------------------------------------------------- the command line
+
+
+def test_fgc_generate_prints_the_ids_last(tmp_path):
+    sets = list(itertools.chain.from_iterable(
+        ("--set", f"{k}={v}") for k, v in CASES["gpt2"][1].items()))
+    r = fgc("generate", "specs/gpt2.fgpt", *sets, "--prompt-ids", "1,2,3",
+            "--max-new-tokens", "6", "--provider", "cpu")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.strip().splitlines()
+    assert lines[0].startswith("provider: CPUExecutionProvider")
+    assert "incremental form" in r.stdout
+    ids = [int(x) for x in lines[-1].split(",")]
+    assert len(ids) == 6 and all(0 <= i < 37 for i in ids)
+    # a compiled folder, with and without the cache: the same ids
+    assert fgc("compile", "specs/gpt2.fgpt", *sets, "--target", "onnx", "--kv-cache", "-o",
+               str(tmp_path / "kv")).returncode == 0
+    r2 = fgc("generate", str(tmp_path / "kv"), "--prompt-ids", "1,2,3", "--max-new-tokens",
+             "6", "--provider", "cpu", "--no-cache")
+    assert r2.returncode == 0, r2.stderr
+    assert r2.stdout.strip().splitlines()[-1] == lines[-1]
+    meta = load_onnx(tmp_path / "kv", provider="cpu").incremental
+    assert json.dumps(meta["cache"][0]["dims"]) == '["batch", 3, "past", 8]'
+
+
+def test_fgc_generate_torch_folder_and_sampling(tmp_path):
+    sets = list(itertools.chain.from_iterable(
+        ("--set", f"{k}={v}") for k, v in CASES["t_d"][1].items()))
+    assert fgc("compile", "specs/t_d.fgpt", *sets, "--target", "torch", "-o",
+               str(tmp_path / "t")).returncode == 0
+    args = ["generate", str(tmp_path / "t"), "--prompt-ids", "1,2;3,4", "--max-new-tokens",
+            "5", "--temperature", "0.8", "--top-k", "4", "--seed", "7"]
+    r = fgc(*args)
+    assert r.returncode == 0, r.stderr
+    assert "random weights" in r.stdout  # no weights.safetensors in the folder
+    rows = r.stdout.strip().splitlines()[-2:]
+    assert all(len(row.split(",")) == 5 for row in rows)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--prompt-ids", "1,x"], "not a comma-separated list"),
+    (["--prompt-ids", "1,2;3"], "equal lengths"),
+    (["--prompt-ids", "1,99"], "0..36"),
+    (["--prompt-ids", "1", "--max-new-tokens", "40"], "exceed the model's 24 positions"),
+    (["--prompt-ids", "1", "--greedy", "--top-k", "3"], "--greedy takes no"),
+    (["--prompt-ids", "1", "--top-p", "2"], "top-p 2.0"),
+])
+def test_fgc_generate_bad_input(args, message):
+    sets = list(itertools.chain.from_iterable(
+        ("--set", f"{k}={v}") for k, v in CASES["gpt2"][1].items()))
+    if "--max-new-tokens" not in args:
+        args = [*args, "--max-new-tokens", "3"]
+    r = fgc("generate", "specs/gpt2.fgpt", *sets, "--provider", "cpu", *args)
+    assert r.returncode in (1, 2) and message in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
