@@ -401,3 +401,50 @@ def test_fgc_generate_bad_input(args, message):
     r = fgc("generate", "specs/gpt2.fgpt", *sets, "--provider", "cpu", *args)
     assert r.returncode in (1, 2) and message in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("opset, optimize", [(18, None), (23, "ort")])
+def test_onnx_variants_of_the_incremental_form(built, opset, optimize):
+    """Opset 18 (attention as equations) and onnxruntime's fused operators: the same
+    logits in pieces as the torch module in one run."""
+    path, sets = CASES["gpt2"]
+    spec = load(path)
+    cfg = spec.configure(None, sets)
+    module = built["gpt2"]["torch"]
+    state = module.state_dict()
+    weights = {o: state[t].numpy() for t, o in parameter_keys(cfg)}
+    graph, blobs = Lowerer(spec, spec.symbolic(), cfg.values, opset=opset, optimize=optimize,
+                           weights=weights, kv_cache=True).lower(stream=True)
+    folder = prepare_output(str(built["gpt2"]["dir"] / f"v{opset}{optimize}"))
+    write_onnx(graph, blobs, folder, external=False)
+    model = load_onnx(folder, provider="cpu")
+    ids = _tokens("gpt2", 2, PIECES[-1][1], seed=3)["ids"]
+    cache = model.incremental["cache"]
+    past = {c["past"]: np.zeros([2 if d == "batch" else 0 if d == "past" else d
+                                 for d in c["dims"]], np.float32) for c in cache}
+    parts = []
+    for a, b in PIECES:
+        values = model.session.run(["logits"] + [c["present"] for c in cache],
+                                   {"x": ids[:, a:b].numpy(), **past})
+        parts.append(values[0])
+        past = {c["past"]: v for c, v in zip(cache, values[1:])}
+    with torch.no_grad():
+        ref = module.logits(ids).numpy()
+    assert np.abs(np.concatenate(parts, 1) - ref).max() <= 1e-4
+
+
+def test_text_example_with_a_trained_tokenizer():
+    """examples/generate_text.py end to end, without downloads: a byte-level BPE trained
+    on the bundled text, the model at a tiny size with random weights."""
+    import subprocess
+    import sys
+    pytest.importorskip("tokenizers")
+    r = subprocess.run([sys.executable, "examples/generate_text.py", "--train-tokenizer",
+                        "examples/data/founding.txt", "--set", "L=1", "--set", "H=16", "--set",
+                        "A=2", "--set", "n=32", "--prompt", "We the People",
+                        "--max-new-tokens", "6", "--temperature", "1.0", "--seed", "1"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("We the People")
+    new = r.stderr.split("new ids:")[1].strip()
+    assert len(json.loads(new)) == 6
