@@ -34,6 +34,7 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=16, help="prompt length P")
     ap.add_argument("--new", type=int, default=64, help="new ids N")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--batches", type=int, nargs="+", default=BATCHES)
     ap.add_argument("--write-readme", action="store_true")
     args = ap.parse_args()
 
@@ -75,7 +76,7 @@ def main() -> None:
             "fgc onnx": lambda x: generate(onnx_model, x.tolist(), args.new),
             "transformers": run_hf}
     rows = []
-    for batch in BATCHES:
+    for batch in args.batches:
         x = torch.randint(0, 50257, (batch, args.prompt), generator=torch.Generator()
                           .manual_seed(batch))
         ids = {name: fn(x) for name, fn in runs.items()}  # warm-up, and the ids to compare

@@ -800,12 +800,13 @@ def cmd_generate(args) -> int:
     sym = _symbolic(spec)
     if sym is None:
         return EXIT_SPEC
+    from .ir import state_pairs
     try:
         derive(sym.model, sym.functions)
         cached = True
     except FgcError as e:
         cached = False
-        if not args.no_cache:
+        if not args.no_cache and not state_pairs(sym.model):
             print(f"note: {e.diagnostics[0].message}; every step recomputes the prefix")
     backend = args.backend or "onnx"
     with tempfile.TemporaryDirectory(prefix="fgc-generate-") as tmp:
@@ -839,16 +840,22 @@ def _generate_dir(folder, args, prompt, stop, inputs) -> int:
         if (folder / "model.onnx").is_file():
             model = load(folder, provider=args.provider)
             print(f"provider: {model.provider} ({model.reason})")
-            cached = bool(model.incremental) and not args.no_cache
+            cached, state = bool(model.incremental), bool(model.state)
         elif (folder / "model.py").is_file():
             model = _torch_model(folder)
-            cached = callable(getattr(model, "step", None)) and not args.no_cache
+            cached = callable(getattr(model, "step", None))
+            state = bool(model.signature().get("state")) if hasattr(model, "signature") \
+                else False
             print("backend: PyTorch (CPU)")
         else:
             print(f"fgc: {folder} holds neither model.onnx nor model.py", file=sys.stderr)
             return EXIT_SPEC
-        print("cache: " + ("keys and values of earlier positions kept (incremental form)"
-                           if cached else "none: every step recomputes the prefix"))
+        if args.no_cache or not (cached or state):
+            print("cache: none: every step recomputes the prefix")
+        elif state:
+            print("cache: the model's own state, fed back at every step (Mem' as Mem)")
+        else:
+            print("cache: keys and values of earlier positions kept (incremental form)")
         begin = time.perf_counter()
         rows = generate(model, prompt, args.max_new_tokens, greedy=args.greedy or None,
                         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,

@@ -136,6 +136,8 @@ def generate(model, prompt, max_new_tokens: int, *, greedy: bool | None = None,
 
 
 def _runner(model, cache: bool):
+    if _state_of(model):
+        return _StateRunner(model, cache)
     if isinstance(model, Model):
         return _OnnxRunner(model, cache)
     if callable(getattr(model, "signature", None)) or callable(getattr(model, "logits", None)):
@@ -273,6 +275,80 @@ class _TorchRunner:
         with self.torch.inference_mode():
             logits = self.module.logits(*self._args(fixed, self.prefix))
         return logits[:, -1].float().cpu().numpy()
+
+
+def _state_of(model) -> dict:
+    """{state output: input} of a model that returns its next input (`Mem'`), or {}."""
+    if isinstance(model, Model):
+        return dict(model.state)
+    sig = getattr(model, "signature", None)
+    return dict(sig().get("state", {})) if callable(sig) else {}
+
+
+class _StateRunner:
+    """A model with recurrent state (Transformer-XL's memory): the prompt in segments,
+    then one token per call with the state the previous call returned; without `cache`,
+    the whole prefix again from an empty state. Scores are the log of the probabilities
+    when the model has no `logits` output (an adaptive softmax)."""
+
+    def __init__(self, model, cache: bool):
+        from .segments import run_segments
+        self.run_segments = run_segments
+        self.model = model
+        self.cached = cache
+        self.onnx = isinstance(model, Model)
+        if self.onnx:
+            io = {"inputs": model.inputs, "outputs": model.output_specs}
+        else:
+            io = model.signature()
+        state = _state_of(model)
+        inputs = [i for i in io["inputs"] if i["name"] not in state.values()]
+        if len(inputs) != 1:
+            raise RuntimeError_("generation with a state takes a model with one input "
+                                "besides its state")
+        self.tokens = inputs[0]["name"]
+        self.vocabulary = inputs[0].get("hi", 0) - inputs[0].get("lo", 0) + 1 \
+            if "hi" in inputs[0] else None
+        outs = [o["name"] for o in io["outputs"] if o["name"] not in state]
+        self.scores = "logits" if "logits" in outs else outs[0]
+        self.log = self.scores != "logits"
+        self.max_length = None  # the memory carries the context: no limit on positions
+        self.state = None
+        self.prefix = None
+        if not self.onnx:
+            import torch
+            self.torch = torch
+            first = next(model.parameters(), None)
+            self.device = first.device if first is not None else None
+
+    def fixed(self, given: dict, batch: int) -> dict:
+        if given:
+            raise RuntimeError_(f"the model has no other input {', '.join(sorted(given))}")
+        return {}
+
+    def _run(self, ids: np.ndarray, state):
+        x = ids if self.onnx else self.torch.as_tensor(ids, device=self.device)
+        if self.onnx:
+            outputs, state = self.run_segments(self.model, {self.tokens: x}, state=state)
+        else:
+            with self.torch.inference_mode():
+                outputs, state = self.run_segments(self.model, {self.tokens: x}, state=state)
+        last = outputs[self.scores][:, -1]
+        last = last if self.onnx else last.float().cpu().numpy()
+        return (np.log(np.maximum(last, 1e-30)) if self.log else last), state
+
+    def start(self, ids: np.ndarray, fixed: dict) -> np.ndarray:
+        self.prefix = ids
+        scores, self.state = self._run(ids, None)
+        return scores
+
+    def next(self, ids: np.ndarray, fixed: dict) -> np.ndarray:
+        self.prefix = np.concatenate([self.prefix, ids], 1)
+        if not self.cached:
+            scores, _ = self._run(self.prefix, None)
+            return scores
+        scores, self.state = self._run(ids, self.state)
+        return scores
 
 
 def _token_input(inputs: list[dict]) -> str:

@@ -448,3 +448,27 @@ def test_text_example_with_a_trained_tokenizer():
     assert r.stdout.startswith("We the People")
     new = r.stderr.split("new ids:")[1].strip()
     assert len(json.loads(new)) == 6
+
+
+def test_transformer_xl_generates_with_its_memory(tmp_path):
+    """Transformer-XL has no key/value cache but its own state: one token per call with the
+    memory the last call returned gives, while the memory holds every earlier position,
+    the ids of recomputing the whole prefix in one segment; torch and ONNX agree."""
+    sets = dict(n=16, m=16)
+    compile_spec("specs/transformer_xl.fgpt", str(tmp_path / "t"), "torch", sets=sets)
+    model = _import(tmp_path / "t" / "model.py", "txl").build().eval()
+    torch.manual_seed(4)
+    peaked_weights(model, norm_gain="gamma")
+    spec = load("specs/transformer_xl.fgpt")
+    cfg = spec.configure(None, sets)
+    state = model.state_dict()
+    weights = {o: state[t].numpy() for t, o in parameter_keys(cfg)}
+    graph, blobs = Lowerer(spec, spec.symbolic(), cfg.values, weights=weights).lower(stream=True)
+    folder = prepare_output(str(tmp_path / "o"))
+    write_onnx(graph, blobs, folder, external=False)
+    onnx_model = load_onnx(folder, provider="cpu")
+    prompt = [[1, 2, 3, 4], [5, 6, 7, 8]]
+    ref = generate(model, prompt, 12, cache=False)
+    assert generate(model, prompt, 12) == ref
+    assert generate(onnx_model, prompt, 12) == ref
+    assert len({t for row in ref for t in row}) > 2
