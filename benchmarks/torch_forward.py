@@ -91,5 +91,6 @@ def main() -> None:
         from readme import write_block
         write_block(MARK, table)
 
+
 if __name__ == "__main__":
     main()

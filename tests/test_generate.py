@@ -72,16 +72,38 @@ def _onnx(built, name: str, kv_cache: bool):
     key = "kv" if kv_cache else "full"
     if key not in entry:
         path, sets = CASES[name]
-        spec = load(path)
-        cfg = spec.configure(None, sets)
-        state = entry["torch"].state_dict()
-        weights = {o: state[t].numpy() for t, o in parameter_keys(cfg)}
-        model, blobs = Lowerer(spec, spec.symbolic(), cfg.values, weights=weights,
-                               kv_cache=kv_cache).lower(stream=True)
-        folder = prepare_output(str(entry["dir"] / key))
-        write_onnx(model, blobs, folder, external=False)
-        entry[key] = load_onnx(folder, provider="cpu")
+        entry[key] = _onnx_with(entry["torch"], path, sets, entry["dir"] / key,
+                                kv_cache=kv_cache)
     return entry[key]
+
+
+def _onnx_with(module, path: str, sets: dict, folder, **options):
+    """The spec at `sets` lowered to ONNX with the torch module's weights (Lowerer
+    `options`), written to `folder` and loaded for the CPU provider."""
+    spec = load(path)
+    cfg = spec.configure(None, sets)
+    state = module.state_dict()
+    weights = {o: state[t].numpy() for t, o in parameter_keys(cfg)}
+    graph, blobs = Lowerer(spec, spec.symbolic(), cfg.values, weights=weights,
+                           **options).lower(stream=True)
+    out = prepare_output(str(folder))
+    write_onnx(graph, blobs, out, external=False)
+    return load_onnx(out, provider="cpu")
+
+
+def _in_pieces(model, ids: np.ndarray, fixed: dict) -> np.ndarray:
+    """The logits of an incremental ONNX graph run on PIECES of `ids`, the presents of
+    each call fed back as the next call's pasts."""
+    cache = model.incremental["cache"]
+    past = {c["past"]: np.zeros([ids.shape[0] if d == "batch" else 0 if d == "past" else d
+                                 for d in c["dims"]], np.float32) for c in cache}
+    parts = []
+    for a, b in PIECES:
+        values = model.session.run(["logits"] + [c["present"] for c in cache],
+                                   {**fixed, model.incremental["tokens"]: ids[:, a:b], **past})
+        parts.append(values[0])
+        past = {c["past"]: v for c, v in zip(cache, values[1:])}
+    return np.concatenate(parts, 1)
 
 
 def _tokens(name: str, batch: int, length: int, seed: int = 0) -> dict:
@@ -225,18 +247,8 @@ def test_onnx_step_by_step_equals_one_run(built, name):
     t = _tokens(name, 2, PIECES[-1][1])
     ids = t["ids"].numpy()
     fixed = {SOURCE[name]: t[SOURCE[name]].numpy()} if name in SOURCE else {}
-    tokens = inc.incremental["tokens"]
-    full = full_model.session.run(["logits"], {**fixed, tokens: ids})[0]
-    cache = inc.incremental["cache"]
-    past = {c["past"]: np.zeros([2 if d == "batch" else 0 if d == "past" else d
-                                 for d in c["dims"]], np.float32) for c in cache}
-    parts = []
-    for a, b in PIECES:
-        values = inc.session.run(["logits"] + [c["present"] for c in cache],
-                                 {**fixed, tokens: ids[:, a:b], **past})
-        parts.append(values[0])
-        past = {c["past"]: v for c, v in zip(cache, values[1:])}
-    assert np.abs(np.concatenate(parts, 1) - full).max() <= TOL
+    full = full_model.session.run(["logits"], {**fixed, inc.incremental["tokens"]: ids})[0]
+    assert np.abs(_in_pieces(inc, ids, fixed) - full).max() <= TOL
     # the same weights as the torch module: the backends agree too
     src = [t[SOURCE[name]]] if name in SOURCE else []
     with torch.no_grad():
@@ -407,30 +419,13 @@ def test_fgc_generate_bad_input(args, message):
 def test_onnx_variants_of_the_incremental_form(built, opset, optimize):
     """Opset 18 (attention as equations) and onnxruntime's fused operators: the same
     logits in pieces as the torch module in one run."""
-    path, sets = CASES["gpt2"]
-    spec = load(path)
-    cfg = spec.configure(None, sets)
     module = built["gpt2"]["torch"]
-    state = module.state_dict()
-    weights = {o: state[t].numpy() for t, o in parameter_keys(cfg)}
-    graph, blobs = Lowerer(spec, spec.symbolic(), cfg.values, opset=opset, optimize=optimize,
-                           weights=weights, kv_cache=True).lower(stream=True)
-    folder = prepare_output(str(built["gpt2"]["dir"] / f"v{opset}{optimize}"))
-    write_onnx(graph, blobs, folder, external=False)
-    model = load_onnx(folder, provider="cpu")
+    model = _onnx_with(module, *CASES["gpt2"], built["gpt2"]["dir"] / f"v{opset}{optimize}",
+                       opset=opset, optimize=optimize, kv_cache=True)
     ids = _tokens("gpt2", 2, PIECES[-1][1], seed=3)["ids"]
-    cache = model.incremental["cache"]
-    past = {c["past"]: np.zeros([2 if d == "batch" else 0 if d == "past" else d
-                                 for d in c["dims"]], np.float32) for c in cache}
-    parts = []
-    for a, b in PIECES:
-        values = model.session.run(["logits"] + [c["present"] for c in cache],
-                                   {"x": ids[:, a:b].numpy(), **past})
-        parts.append(values[0])
-        past = {c["past"]: v for c, v in zip(cache, values[1:])}
     with torch.no_grad():
         ref = module.logits(ids).numpy()
-    assert np.abs(np.concatenate(parts, 1) - ref).max() <= 1e-4
+    assert np.abs(_in_pieces(model, ids.numpy(), {}) - ref).max() <= 1e-4
 
 
 def test_text_example_with_a_trained_tokenizer():
@@ -459,14 +454,7 @@ def test_transformer_xl_generates_with_its_memory(tmp_path):
     model = _import(tmp_path / "t" / "model.py", "txl").build().eval()
     torch.manual_seed(4)
     peaked_weights(model, norm_gain="gamma")
-    spec = load("specs/transformer_xl.fgpt")
-    cfg = spec.configure(None, sets)
-    state = model.state_dict()
-    weights = {o: state[t].numpy() for t, o in parameter_keys(cfg)}
-    graph, blobs = Lowerer(spec, spec.symbolic(), cfg.values, weights=weights).lower(stream=True)
-    folder = prepare_output(str(tmp_path / "o"))
-    write_onnx(graph, blobs, folder, external=False)
-    onnx_model = load_onnx(folder, provider="cpu")
+    onnx_model = _onnx_with(model, "specs/transformer_xl.fgpt", sets, tmp_path / "o")
     prompt = [[1, 2, 3, 4], [5, 6, 7, 8]]
     ref = generate(model, prompt, 12, cache=False)
     assert generate(model, prompt, 12) == ref
