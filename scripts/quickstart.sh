@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up fgc in .venv and run the main job on shipped specs: check, count, compile (PyTorch
-# and ONNX) and run.
+# and ONNX), run, and generate a few tokens with the key/value cache.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -19,3 +19,5 @@ print('out/gpt2/model.py:', sum(p.numel() for p in model.parameters()), 'paramet
 "
 .venv/bin/fgc compile specs/gpt2.fgpt --target onnx --preset small --optimize ort -o out/gpt2-onnx
 .venv/bin/fgc run out/gpt2-onnx --tokens 464,2068,7586,21831
+.venv/bin/fgc generate specs/gpt2.fgpt --preset small --prompt-ids 464,2068,7586,21831 \
+    --max-new-tokens 8
