@@ -460,3 +460,31 @@ def test_transformer_xl_generates_with_its_memory(tmp_path):
     assert generate(model, prompt, 12) == ref
     assert generate(onnx_model, prompt, 12) == ref
     assert len({t for row in ref for t in row}) > 2
+
+
+@pytest.mark.parametrize("name", ["gpt2", "transformer"])
+def test_incremental_graph_passes_the_checker_and_strict_shape_inference(built, name):
+    """The cache's declared shapes are the ones ONNX derives on its own: the present keys
+    and values (batch, A, past + T, D) follow from the past inputs and the new tokens."""
+    import onnx
+    _onnx(built, name, True)
+    path = built[name]["dir"] / "kv" / "model.onnx"
+    onnx.checker.check_model(str(path), full_check=True)
+    model = onnx.load(str(path))
+    onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True, data_prop=True)
+    del model.graph.value_info[:]
+    declared = {o.name: [d.dim_value or d.dim_param for d in o.type.tensor_type.shape.dim]
+                for o in model.graph.output if o.name.startswith("present.")}
+    for o in model.graph.output:
+        o.type.tensor_type.ClearField("shape")
+    inferred = onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True,
+                                                 data_prop=True)
+    checked = 0
+    for o in inferred.graph.output:
+        if o.name in declared:
+            dims = [d.dim_value or d.dim_param for d in o.type.tensor_type.shape.dim]
+            want = declared[o.name]
+            assert want[2] == "past+T" or want[2] == "past+T_m", want
+            assert len(dims) == 4 and [dims[1], dims[3]] == [want[1], want[3]], (o.name, dims)
+            checked += 1
+    assert checked == len(declared) > 0

@@ -1652,8 +1652,9 @@ class Generator:
 
     def _signature_method(self, model: ir.Model) -> list[str]:
         """`signature()` for a model whose outputs include its next inputs (`Mem'` for
-        `Mem`): names, dims and maxima, as the ONNX graph's metadata has them, so that
-        runtime.run_segments can carry the state from call to call."""
+        `Mem`) or that has step(): names, dims and maxima, as the ONNX graph's metadata
+        has them, so that runtime.run_segments can carry the state from call to call and
+        runtime.generate can feed step()."""
         def dim(d) -> str | int:
             if d.symbols() & self.dynamic:
                 return py_poly(d, {**self.consts, **self.run_length})
@@ -1667,8 +1668,8 @@ class Generator:
                   for s in sorted(self.dynamic)}
         return ["", "def signature(self):",
                 '    """Inputs (with their dims: the batch, run lengths) and outputs in order,',
-                "    and the outputs a caller feeds back as inputs at the next call (read by",
-                '    runtime.run_segments)."""',
+                "    the outputs a caller feeds back as inputs at the next call, and what",
+                "    step() keeps (read by runtime.run_segments and runtime.generate).\"\"\"",
                 "    return {",
                 "        \"inputs\": [",
                 *[f"            {json.dumps(i)}," for i in inputs],

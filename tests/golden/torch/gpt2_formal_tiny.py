@@ -312,8 +312,8 @@ class GPT2(nn.Module):
 
     def signature(self):
         """Inputs (with their dims: the batch, run lengths) and outputs in order,
-        and the outputs a caller feeds back as inputs at the next call (read by
-        runtime.run_segments)."""
+        the outputs a caller feeds back as inputs at the next call, and what
+        step() keeps (read by runtime.run_segments and runtime.generate)."""
         return {
             "inputs": [
                 {"name": "x", "dims": ["batch", "T"]},
