@@ -612,13 +612,6 @@ class Lowerer:
         self.info(out, v)
         return v
 
-    def table_rows(self, fn: ir.Function, env: dict, callee_env_names: list[str]) -> None:
-        """Bindings of a table along the generated length: past + T positions."""
-        for name in callee_env_names:
-            value = env[name]
-            if isinstance(value, Poly) and not self.from_past(value).is_const():
-                env[name] = value + Poly.sym(PAST)
-
     @staticmethod
     def _live(nodes, outputs: set[str]):
         """Drop nodes nothing needs (lazy forms that were lowered twice, fused Adds)."""
@@ -782,7 +775,9 @@ class Lowerer:
             fn.builtin and fn.name in ("Mask^AR", "Mask^AR_next", "Mask^BD")) and any(
             isinstance(x, Poly) and not self.from_past(x).is_const() for x in env.values())
         if table:  # positions or a banded mask: made for past + T rows, read from row past
-            self.table_rows(fn, env, list(bindings))
+            for name in bindings:
+                if isinstance(env[name], Poly) and not self.from_past(env[name]).is_const():
+                    env[name] = env[name] + Poly.sym(PAST)
         inst = e.attrs["instance"]
         if inst in scope.shared:
             path = ident(inst)
