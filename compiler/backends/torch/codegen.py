@@ -755,12 +755,10 @@ def _matmul(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
     if tp is not None and tp.op == "transpose" and tp.ins[0].name in b.self_attr \
             and not b.gen.in_module and x.layout.lead and not x.layout.fam \
             and x.layout.rank == 2 and y.layout == Layout(False, False, 2):
-        # X @ W^T with a model parameter W (a tied output projection): weight-major, one
-        # (V x H)(H x rows) product, which CPU GEMMs run faster than (rows x H)(H x V) for
-        # few rows; made contiguous again so that a softmax over it stays fast
-        w = b.operand(tp.ins[0], e).expr
-        xs = x.expr if _atomic(x.expr) else f"({x.expr})"
-        return f"({w} @ {xs}.flatten(0, -2).mT).mT.contiguous().view(*{xs}.shape[:-1], -1)"
+        # X @ W^T with a model parameter W (a tied output projection): weight-major for few
+        # rows, which CPU GEMMs run faster (see tied_projection in the template)
+        b.gen.uses_tied = True
+        return f"tied_projection({x.expr}, {b.operand(tp.ins[0], e).expr})"
     xs = _align(b, x, out) if x.layout.rank and x.layout.rank >= 2 else x.expr
     ys = _align(b, y, out) if y.layout.rank and y.layout.rank >= 2 else y.expr
     xs = xs if _atomic(xs) else f"({xs})"
@@ -1065,6 +1063,7 @@ class Generator:
         self.uses_causal = False
         self.uses_take = False
         self.uses_per_member = False
+        self.uses_tied = False
         try:  # the key/value cache form, for a model whose attention is causal
             self.incremental = derive(self.model, self.functions)
         except NotIncremental:
@@ -1948,7 +1947,7 @@ class Generator:
             spec=safe_name(self.spec.path), model=model_view, layers=layer_classes,
             modules=modules, hypers=hypers, preset=self.preset,
             uses_causal=self.uses_causal, uses_take=self.uses_take,
-            uses_per_member=self.uses_per_member)
+            uses_per_member=self.uses_per_member, uses_tied=self.uses_tied)
 
 
 def generate(spec, preset: str | None = None, sets: dict | None = None) -> str:

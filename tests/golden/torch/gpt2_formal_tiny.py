@@ -45,6 +45,16 @@ def per_member(x, rank):
     return x.unsqueeze(-rank - 1) if isinstance(x, torch.Tensor) else x
 
 
+def tied_projection(x, w):
+    """x @ w.mT for a weight w with many rows (the output projection tied to the token
+    embedding). For few rows of x, the weight-major product (w @ x^T)^T, which CPU GEMMs
+    run faster, made contiguous again so that a softmax over it stays fast; for many, the
+    plain product, which spares that transposed copy."""
+    if x.shape[:-1].numel() > 128:
+        return x @ w.mT
+    return (w @ x.flatten(0, -2).mT).mT.contiguous().view(*x.shape[:-1], -1)
+
+
 def take(base, rank, member, *index):
     """base[..., i_1, ..., i_rank] with 0-based index tensors, one per trailing axis of base,
     shaped like a result with `member` own dimensions; the leading axes of base and of the
@@ -304,7 +314,7 @@ class GPT2(nn.Module):
         for layer in self.layers:  # L layers
             H_L = layer(H_L, mask_ar)
         Hf = self.LN_3(H_L)  # (B, T, H)  gpt2.fgpt:59
-        return (self.W_e @ Hf.flatten(0, -2).mT).mT.contiguous().view(*Hf.shape[:-1], -1)
+        return tied_projection(Hf, self.W_e)
 
     def forward(self, x):
         """GPT: the probabilities, Softmax(logits)."""
