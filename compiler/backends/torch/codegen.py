@@ -1365,12 +1365,14 @@ class Generator:
                 expr = f"({expr}).to({dt})" if not _atomic(expr) else f"{expr}.to({dt})"
             args.append(expr)
         forward_kw = self.forward_hypers(fn)
+        rows = self._table_axis(b, e, fn)
         if forward_kw:
             kw = []
             for name in forward_kw:
                 value = e.attrs["bindings"][name]
+                first = f"{b.start} + " if rows is not None and self.by_position(value) else ""
                 kw.append(f"{ident(name)}={value!r}" if isinstance(value, float)
-                          else f"{ident(name)}={py_poly(value, b.sym)}")
+                          else f"{ident(name)}={first}{py_poly(value, b.sym)}")
             if not fn.inputs:
                 kw.append(f"device={b.device}")
                 if not (fn.builtin and fn.name in BUILTIN_FORWARD):
@@ -1379,25 +1381,20 @@ class Generator:
         if e.family is not None and self._has_params(fn.name):
             raise Unsupported(f"`{fn.name}` has parameters but is used once per family member")
         call = f"{target}({', '.join(args)})"
-        return [self._table_rows(b, e, fn, call)]
+        return [call if rows is None else f"{call}[{':, ' * rows}{b.start}:]"]
 
-    def _table_rows(self, b: Body, e: Eqn, fn: ir.Function, call: str) -> str:
-        """A table computed from sizes along the generated length (positions, a banded
-        mask), in an incremental model: made for start + T positions, its rows from start
-        on. Mask^AR stays CAUSAL: attention aligns it to the keys."""
+    def _table_axis(self, b: Body, e: Eqn, fn: ir.Function) -> int | None:
+        """For a table computed from sizes along the generated length (positions, a banded
+        mask) in an incremental model, the axis of its rows: it is made for start + T
+        positions and read from row start. None for anything else; Mask^AR stays CAUSAL,
+        which attention aligns to the keys."""
         if fn.inputs or self.incremental is None or (fn.builtin and fn.name in MASK_PRODUCERS):
-            return call
-        shape = e.outs[0].type.shape
-        axis = next((k for k, d in enumerate(shape) if self.by_position(d)), None)
-        if axis is None:
-            return call
-        if b.start is None:
+            return None
+        axis = next((k for k, d in enumerate(e.outs[0].type.shape) if self.by_position(d)),
+                    None)
+        if axis is not None and b.start is None:
             raise Unsupported(f"`{fn.name}` along the positions inside the layers")
-        for name, value in e.attrs["bindings"].items():
-            if self.by_position(value):
-                text = f"{ident(name)}={py_poly(value, b.sym)}"
-                call = call.replace(text, f"{ident(name)}={b.start} + {py_poly(value, b.sym)}")
-        return f"{call}[{':, ' * axis}{b.start}:]"
+        return axis
 
     def _has_params(self, name: str) -> bool:
         fn = self.functions[name]
