@@ -105,15 +105,18 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prompt-ids", metavar="IDS", required=True,
                    help="0-based token ids, comma-separated (several prompts of one length: "
                         "separate them with `;`)")
-    g.add_argument("--max-new-tokens", type=int, metavar="N", required=True)
+    g.add_argument("--max-new-tokens", type=int, metavar="N", required=True,
+                   help="at most N new ids per prompt")
     g.add_argument("--max-length", type=int, metavar="N",
                    help="stop when a sequence has N positions, prompt included")
     g.add_argument("--stop-ids", metavar="IDS", default="",
                    help="ids that end a sequence (kept in the output), comma-separated")
     g.add_argument("--greedy", action="store_true", help="the most likely id (the default)")
-    g.add_argument("--temperature", type=float, metavar="T")
-    g.add_argument("--top-k", type=int, metavar="K")
-    g.add_argument("--top-p", type=float, metavar="P")
+    g.add_argument("--temperature", type=float, metavar="T",
+                   help="sample, with the logits divided by T")
+    g.add_argument("--top-k", type=int, metavar="K", help="sample among the K likeliest ids")
+    g.add_argument("--top-p", type=float, metavar="P",
+                   help="sample among the likeliest ids whose probability reaches P")
     g.add_argument("--seed", type=int, metavar="S", help="seed of the sampler")
     g.add_argument("--input", metavar="NAME=VALUES", action="append", default=[],
                    help="another input, the same at every step (an encoder's source)")
