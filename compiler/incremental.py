@@ -368,7 +368,7 @@ class _Walk:
 def derive(model: ir.Model, functions: dict[str, ir.Function]) -> Incremental:
     """The incremental form's cache sites, or NotIncremental saying why there is none."""
     candidates = []
-    lengths = sequence_symbols(model)
+    lengths = sequence_symbols(model, functions)
     for v in model.inputs:
         t = v.type
         if t.dtype == "int" and not t.perm and len(t.shape) == 1 and \

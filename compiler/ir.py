@@ -214,12 +214,16 @@ class Model(_Base):
     shared_with: list[SharedWith] = Field(default_factory=list)
 
 
-def sequence_symbols(model: Model) -> set[str]:
+def sequence_symbols(model: Model, functions: dict[str, Function] | None = None) -> set[str]:
     """The sizes that vary from run to run: the length of token ids and permutations, and
     every axis but the last (the features) of a real input. Loop bounds and family sizes
-    stay fixed: they decide the structure of the computation."""
+    stay fixed: they decide the structure of the computation; so do the widths of
+    parameters (with `functions`: every size of a module's parameters, and the last axis
+    of the model's, whose other axes may be positions)."""
     fixed = {s for item in model.body if isinstance(item, Loop)
              for b in (item.lo, item.hi) if isinstance(b, Poly) for s in b.symbols()}
+    if functions is not None:
+        fixed |= _parameter_sizes(model, functions)
     out: set[str] = set()
     for v in model.inputs:
         t = v.type
@@ -230,6 +234,36 @@ def sequence_symbols(model: Model) -> set[str]:
             if isinstance(d, Poly):
                 out |= d.symbols()
     return out - fixed
+
+
+def _parameter_sizes(model: Model, functions: dict[str, Function]) -> set[str]:
+    """The model's symbols that size a parameter's features: a module parameter's every
+    axis, through the bindings of each use, and a model parameter's last axis."""
+    out: set[str] = set()
+    for p in model.params:
+        if p.type.shape and isinstance(p.type.shape[-1], Poly):
+            out |= p.type.shape[-1].symbols()
+    seen: set[tuple] = set()
+
+    def visit(eqns: list[Eqn], subst: dict) -> None:
+        for e in eqns:
+            if e.op != "call" or e.attrs["module"] not in functions:
+                continue
+            fn = functions[e.attrs["module"]]
+            inner = {k: v.subs(subst) if isinstance(v, Poly) else v
+                     for k, v in e.attrs.get("bindings", {}).items()}
+            for p in fn.params:
+                for d in (*p.type.shape, p.type.family):
+                    if isinstance(d, Poly):
+                        sized = d.subs({k: v for k, v in inner.items() if isinstance(v, Poly)})
+                        out.update(sized.symbols())
+            key = (fn.name, tuple(sorted((k, str(v)) for k, v in inner.items())))
+            if key not in seen:
+                seen.add(key)
+                visit(fn.eqns, inner)
+    for item in model.body:
+        visit(item.body if isinstance(item, Loop) else [item], {})
+    return out
 
 
 def state_pairs(model: Model) -> list[tuple[str, str]]:

@@ -424,7 +424,7 @@ class Lowerer:
         env: dict = {}
         penv: dict = {}
         numeric: dict = {}
-        dyn_syms = sequence_symbols(m)
+        dyn_syms = sequence_symbols(m, self.functions)
         names = sorted(dyn_syms)
         runtime_name = {s: ("T" if len(names) == 1 else f"T_{s}") for s in names}
         for s in names:

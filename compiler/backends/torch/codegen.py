@@ -1054,7 +1054,7 @@ class Generator:
         while self.model_class in set(self.consts.values()) | RESERVED:
             self.model_class += "_"
         # only lengths vary from call to call; a width shared by a real input stays fixed
-        self.dynamic = sequence_symbols(self.model)
+        self.dynamic = sequence_symbols(self.model, self.functions)
         self.run_length = self._run_lengths()
         for s, name in self.run_length.items():
             self.comment_sym[s] = name
