@@ -178,7 +178,7 @@ class _OnnxRunner:
 
     def start(self, ids: np.ndarray, fixed: dict) -> np.ndarray:
         checked = self.model.check({**fixed, self.tokens: ids})
-        self.fixed_checked = {k: v for k, v in checked.items() if k != self.tokens}
+        self.fixed_checked = {k: checked[k] for k in self.others}
         if not self.cached:
             self.prefix = checked[self.tokens]
             return self._full()

@@ -299,6 +299,8 @@ class Model:
                     raise RuntimeError_(f"input {name} has shape {list(x.shape)}; it takes "
                                         f"{_dims_text(spec['dims'])}")
             out[name] = np.ascontiguousarray(x.astype(want, copy=False))
+        if self.incremental:
+            out.update(self._check_cache(feeds, batch, lengths))
         for spec in self.inputs:
             x = out[spec["name"]]
             if spec["dtype"] == "int" and x.size:
@@ -308,6 +310,43 @@ class Model:
                 if x.min() < 0 or x.max() > top:
                     raise RuntimeError_(f"input {spec['name']} holds values outside 0..{top} "
                                         f"(0-based for {spec['lo']}..{spec['hi']})")
+        return out
+
+    def _check_cache(self, feeds: dict, batch: int | None, lengths: dict) -> dict:
+        """The past keys and values of the incremental form: all or none (none: the
+        prompt, no positions before it), each with the dims the graph declares and one
+        past length, which with this call's tokens stays within the model's maximum."""
+        cache = self.incremental["cache"]
+        given = [c["past"] for c in cache if c["past"] in feeds]
+        if given and len(given) < len(cache):
+            missing = [c["past"] for c in cache if c["past"] not in feeds]
+            raise RuntimeError_(f"missing input {', '.join(missing[:3])}"
+                                f"{' …' if len(missing) > 3 else ''}: give every past key "
+                                "and value, or none for the prompt")
+        out, past = {}, None
+        for c in cache:
+            dims = c["dims"]
+            if not given:
+                out[c["past"]] = np.zeros([(batch or 1) if d == "batch" else 0 if d == "past"
+                                           else d for d in dims], np.float32)
+                continue
+            x = np.asarray(feeds[c["past"]])
+            ok = x.ndim == len(dims) and all(
+                d in ("batch", "past") or got == d for got, d in zip(x.shape, dims))
+            if ok and batch is not None:
+                ok = x.shape[dims.index("batch")] == batch
+            here = x.shape[dims.index("past")] if ok else None
+            if not ok or (past is not None and here != past):
+                raise RuntimeError_(f"input {c['past']} has shape {list(x.shape)}; it takes "
+                                    f"{_dims_text(dims)} with the batch of the tokens and "
+                                    "the past length of the other keys and values")
+            past = here
+            out[c["past"]] = np.ascontiguousarray(x, dtype=np.float32)
+        length = self.incremental["length"]
+        limit = self.max_length.get(length)
+        if past and limit is not None and past + lengths.get(length, 0) > limit:
+            raise RuntimeError_(f"{past} past positions and {lengths.get(length, 0)} new ones "
+                                f"exceed the model's {limit}")
         return out
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

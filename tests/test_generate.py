@@ -488,3 +488,21 @@ def test_incremental_graph_passes_the_checker_and_strict_shape_inference(built, 
             assert len(dims) == 4 and [dims[1], dims[3]] == [want[1], want[3]], (o.name, dims)
             checked += 1
     assert checked == len(declared) > 0
+
+
+def test_runtime_checks_the_past_it_is_given(built):
+    """runtime.Model.run with the incremental form: no past is the prompt; a past is
+    checked against the graph's dims before onnxruntime sees it."""
+    model = _onnx(built, "gpt2", True)
+    ids = np.array([[1, 2, 3], [4, 5, 6]])
+    first = model.run({"x": ids})  # no past: the prefill form
+    past = {c["past"]: first[c["present"]] for c in model.incremental["cache"]}
+    nxt = model.run({"x": ids[:, :1], **past})
+    assert nxt["present.0.key"].shape == (2, 3, 4, 8)
+    with pytest.raises(RuntimeError_, match="give every past key"):
+        model.run({"x": ids, "past.0.key": past["past.0.key"]})
+    bad = dict(past, **{"past.1.value": past["past.1.value"][:, :, :2]})
+    with pytest.raises(RuntimeError_, match="past.1.value has shape"):
+        model.run({"x": ids[:, :1], **bad})
+    with pytest.raises(RuntimeError_, match="exceed the model's 24"):
+        model.run({"x": np.zeros((2, 22), np.int64), **past})
