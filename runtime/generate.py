@@ -179,17 +179,13 @@ class _OnnxRunner:
     def start(self, ids: np.ndarray, fixed: dict) -> np.ndarray:
         checked = self.model.check({**fixed, self.tokens: ids})
         self.fixed_checked = {k: checked[k] for k in self.others}
+        # no past yet (the prefill form): the checked feeds hold it empty
+        self.empty = {c["past"]: checked[c["past"]] for c in (self.inc or {}).get("cache", [])}
         if not self.cached:
             self.prefix = checked[self.tokens]
             return self._full()
-        self.past = self._empty(ids.shape[0])
+        self.past = self.empty
         return self._step(checked[self.tokens])
-
-    def _empty(self, batch: int) -> dict:
-        """No past yet: every cache tensor with no positions (the prefill form)."""
-        return {c["past"]: np.zeros([batch if d == "batch" else 0 if d == "past" else d
-                                     for d in c["dims"]], np.float32)
-                for c in (self.inc or {}).get("cache", [])}
 
     def next(self, ids: np.ndarray, fixed: dict) -> np.ndarray:
         if not self.cached:
@@ -205,8 +201,7 @@ class _OnnxRunner:
 
     def _full(self) -> np.ndarray:
         (logits,) = self._run([self.logits_name], {**self.fixed_checked,
-                                                   self.tokens: self.prefix,
-                                                   **self._empty(self.prefix.shape[0])})
+                                                   self.tokens: self.prefix, **self.empty})
         return logits[:, -1]
 
     def _step(self, ids: np.ndarray) -> np.ndarray:
