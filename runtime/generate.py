@@ -105,7 +105,7 @@ def generate(model, prompt, max_new_tokens: int, *, greedy: bool | None = None,
         if max_length is None and ids.shape[1] + max_new_tokens > limit:
             raise RuntimeError_(f"{ids.shape[1]} prompt ids and {max_new_tokens} new ones "
                                 f"exceed the model's {limit} positions; give fewer new "
-                                "tokens, or --max-length to stop there")
+                                "tokens, or a max length (--max-length) to stop there")
         max_new_tokens = min(max_new_tokens, limit - ids.shape[1])
     sampler = Sampler(greedy, temperature, top_k, top_p, seed)
     stops = np.asarray(sorted(set(int(s) for s in stop)), dtype=np.int64)
@@ -126,13 +126,15 @@ def generate(model, prompt, max_new_tokens: int, *, greedy: bool | None = None,
             break
         logits = runner.next(nxt[:, None], fixed)
     out = []
+    ends = set(stops.tolist())
     for row in new.tolist():
-        cut = next((k + 1 for k, t in enumerate(row) if t in set(stops.tolist())), len(row))
+        cut = next((k + 1 for k, t in enumerate(row) if t in ends), len(row))
         out.append(row[:cut])
     return out
 
 
-# ---------------------------------------------------------------- the two backends
+# ---------------------------------------------------------------- the runners: a key/value
+# cache (ONNX or torch), a model's own state, or the prefix recomputed
 
 
 def _runner(model, cache: bool):
