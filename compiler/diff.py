@@ -1032,21 +1032,22 @@ def format_text(r: dict, color: bool = False) -> str:
     if r["counts"] or t["delta_formula"] != "0" or t.get("delta"):
         section("parameter count")
         numbers = t["a"] is not None and t["b"] is not None
-        head = ("", "module", "formula") + ((la, lb, "delta") if numbers else ())
+        # the numbers before the formula: a long formula then only runs on to the right
+        head = ("", "module") + ((la, lb, "delta") if numbers else ()) + ("formula",)
         rows = [head]
         for c in r["counts"]:
             name = c["a"] if c["b"] in (None, c["a"]) else c["b"] if c["a"] is None else \
                 f"{c['a']} → {c['b']}"
-            row = (name, c["module"], c["delta_formula"])
+            row = (name, c["module"])
             if numbers:
                 row += (_n(c["value_a"]), _n(c["value_b"]), _d(c.get("delta")))
-            rows.append(row)
+            rows.append(row + (c["delta_formula"],))
         grouped = t.get("delta_grouped")
-        total = ("total", "", grouped or t["delta_formula"])
+        total = ("total", "")
         if numbers:
             total += (f"{t['a']:,}", f"{t['b']:,}", _d(t.get("delta")))
-        rows.append(total)
-        out += table(rows, {3, 4, 5}, "  ", color=color)
+        rows.append(total + (grouped or t["delta_formula"],))
+        out += table(rows, {2, 3, 4} if numbers else set(), "  ", color=color)
         out.append("")
         formula = f"N({lb}) - N({la}) = {grouped or t['delta_formula']}"
         if t["delta_expanded"]:
