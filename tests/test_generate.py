@@ -506,3 +506,12 @@ def test_runtime_checks_the_past_it_is_given(built):
         model.run({"x": ids[:, :1], **bad})
     with pytest.raises(RuntimeError_, match="exceed the model's 24"):
         model.run({"x": np.zeros((2, 22), np.int64), **past})
+
+
+def test_a_hyperparameter_named_past_is_refused_with_the_cache(tmp_path):
+    spec = tmp_path / "past.fgpt"
+    spec.write_text((ROOT / "specs" / "t_d.fgpt").read_text().replace(
+        "n = 8,", "n = 8, past = 3,"))
+    r = fgc("compile", str(spec), "--target", "onnx", "--kv-cache", "-o", str(tmp_path / "o"))
+    assert r.returncode == 1 and "named `past`" in r.stderr and "Traceback" not in r.stderr
+    assert fgc("compile", str(spec), "--target", "onnx", "-o", str(tmp_path / "p")).returncode == 0

@@ -130,6 +130,9 @@ class Lowerer:
         self.max_length: dict[str, int] = {}  # run-time size -> the spec's maximum
         # the incremental form (kv_cache): past keys and values in, present ones out
         self.inc: Incremental | None = derive(self.model, self.functions) if kv_cache else None
+        if self.inc is not None and PAST in {h.name for h in self.model.hypers}:
+            raise Unsupported(f"a hyperparameter named `{PAST}`: the incremental form's axis "
+                              "of earlier positions has that name; rename the hyperparameter")
         self.sites: dict[str, tuple[str, str, str, str]] = {}  # attention path -> past k, v,
         # present k, v
         self.presents: dict[str, str] = {}  # present name -> tensor
