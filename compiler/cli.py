@@ -369,20 +369,29 @@ def cmd_params(args) -> int:
     spec, code = _load(args.files[0])
     if spec is None:
         return code
-    cfg, code = _configure(spec, args)
-    if cfg is None:
+    counted, code = _counted(spec, args)
+    if counted is None:
         return code
-    sym = _symbolic(spec)
-    if sym is None:
-        return EXIT_SPEC
-    _print_diagnostics(cfg.warnings, spec.sources)
-    report = params_report(spec, cfg, sym)
+    report = params_report(*counted)
     if args.format == "json":
         print(json.dumps(report, indent=2))
     else:
         from .table import use_color
         print(format_params_text(report, args.by_module, use_color()))
     return EXIT_OK
+
+
+def _counted(spec, args):
+    """((spec, config, symbolic config), None) for counting, the configuration's warnings
+    printed; or (None, exit code) with its diagnostics printed."""
+    cfg, code = _configure(spec, args)
+    if cfg is None:
+        return None, code
+    sym = _symbolic(spec)
+    if sym is None:
+        return None, EXIT_SPEC
+    _print_diagnostics(cfg.warnings, spec.sources)
+    return (spec, cfg, sym), None
 
 
 def _params_together(args) -> int:
@@ -404,15 +413,11 @@ def _params_together(args) -> int:
             return code
         names = {h.name for h in spec.model.hypers}
         mine = [f"{k}={v}" for k, v in sets.items() if k in names]
-        cfg, code = _configure(spec, Namespace(preset=args.preset, set=mine))
-        if cfg is None:
+        counted, code = _counted(spec, Namespace(preset=args.preset, set=mine))
+        if counted is None:
             return code
-        sym = _symbolic(spec)
-        if sym is None:
-            return EXIT_SPEC
-        _print_diagnostics(cfg.warnings, spec.sources)
-        items.append((spec, cfg, sym))
-        reports.append(params_report(spec, cfg, sym))
+        items.append(counted)
+        reports.append(params_report(*counted))
     unknown = [k for k in sets if not any(k in {h.name for h in spec.model.hypers}
                                           for spec, _, _ in items)]
     if unknown:

@@ -77,8 +77,7 @@ class Incremental:
                 out.append((f"past.{tag}.{kind}", f"present.{tag}.{kind}", s, 0, kind))
         for loop in loops:
             sites = per_layer[loop]
-            count = int(self.layers[loop].subs(
-                {k: v for k, v in values.items() if isinstance(v, Poly)}).const_value())
+            count = self.layer_count(sites[0], values)
             lead = "" if len(loops) == 1 else f"{loop + 1}."
             for layer in range(1, count + 1):
                 for s in sites:
@@ -88,6 +87,13 @@ class Incremental:
                         out.append((f"past.{tag}.{kind}", f"present.{tag}.{kind}", s,
                                     layer, kind))
         return out
+
+    def layer_count(self, site: CacheSite, values: dict) -> int:
+        """How many layers have this site at a configuration (1 outside the layers)."""
+        if site.loop is None:
+            return 1
+        return _number(self.layers[site.loop], {k: v for k, v in values.items()
+                                               if isinstance(v, Poly)})
 
     def dims(self, site: CacheSite, kind: str, values: dict, past: str = "past") -> list:
         """A cache tensor's dims at a configuration: the batch, the heads, the positions
@@ -114,13 +120,12 @@ def _number(p: Poly, known: dict) -> int:
 
 class _Scope:
     def __init__(self, gen: set[str], subst: dict, path: tuple, loop: int | None,
-                 types: dict, fn: ir.Function | None):
+                 types: dict):
         self.gen = gen  # this scope's symbols that stand for the generated length
         self.subst = subst  # this scope's symbols -> model-level sizes
         self.path = path
         self.loop = loop
         self.types = types  # value and parameter name -> type
-        self.fn = fn
         self.causal: set[str] = set()  # values holding a causal mask
         self.ells: set[str] = set()  # `...` that stand for dims including the positions
 
@@ -173,7 +178,7 @@ class _Walk:
         m = self.model
         types = {v.name: v.type for v in m.inputs}
         types.update((p.name, p.type) for p in m.params)
-        top = _Scope({self.g}, {}, (), None, types, None)
+        top = _Scope({self.g}, {}, (), None, types)
         for v in m.inputs:
             if v.type.dtype != "int" and self.axes(v.type, top, m.span):
                 self.fail(f"input `{v.name}` runs along the generated positions; a step "
@@ -183,7 +188,7 @@ class _Walk:
             if isinstance(item, Loop):
                 for c in item.carried:
                     types[c.inner] = types.get(c.init) or types[c.init]
-                inner = _Scope({self.g}, {}, (), loops, types, None)
+                inner = _Scope({self.g}, {}, (), loops, types)
                 inner.causal = top.causal
                 shared = set(item.shared)
                 for e in item.body:
@@ -278,7 +283,7 @@ class _Walk:
         subst = {k: v.subs(s.subst) if isinstance(v, Poly) else v for k, v in bindings.items()}
         types = {v.name: v.type for v in fn.inputs}
         types.update((p.name, p.type) for p in fn.params)
-        inner = _Scope(set(inner_gen), subst, s.path + (inst,), s.loop, types, fn)
+        inner = _Scope(set(inner_gen), subst, s.path + (inst,), s.loop, types)
         for decl, o, t in zip(fn.inputs, e.ins, ins):
             if o.name is not None and o.name in s.causal:
                 inner.causal.add(decl.name)
@@ -375,27 +380,23 @@ def derive(model: ir.Model, functions: dict[str, ir.Function]) -> Incremental:
                 isinstance(t.shape[0], Poly) and t.shape[0].symbols() <= lengths and \
                 len(t.shape[0].symbols()) == 1:
             candidates.append((next(iter(t.shape[0].symbols())), v.name))
-    tried = []
-    for g, tokens in candidates:
+    found = None
+    for g, name in candidates:  # the first token input a causal attention runs over
         walk = _Walk(model, functions, g)
         walk.run()
-        if not walk.sites:
-            continue
-        tried.append((walk, tokens))
-    if not tried:
+        if walk.sites:
+            found = walk, name
+            break
+    if found is None:
         raise NotIncremental(
             f"`{model.name}` has no incremental form: no attention over its token positions "
             "is causal (Mask^AR)", model.span,
             "generation with a key/value cache needs an autoregressive model")
-    walk, tokens = tried[0]
+    walk, tokens = found
     if walk.errors:
         message, span = walk.errors[0]
         raise NotIncremental(f"`{model.name}` has no incremental form: {message}",
                              span or model.span)
-    layers = {}
-    k = 0
-    for item in model.body:
-        if isinstance(item, Loop):
-            layers[k] = item.hi - item.lo + Poly.const(1)
-            k += 1
+    loops = [item for item in model.body if isinstance(item, Loop)]
+    layers = {k: loop.hi - loop.lo + Poly.const(1) for k, loop in enumerate(loops)}
     return Incremental(length=walk.g, tokens=tokens, sites=walk.sites, layers=layers)

@@ -109,7 +109,15 @@ def generate(model, prompt, max_new_tokens: int, *, greedy: bool | None = None,
         max_new_tokens = min(max_new_tokens, limit - ids.shape[1])
     sampler = Sampler(greedy, temperature, top_k, top_p, seed)
     stops = np.asarray(sorted(set(int(s) for s in stop)), dtype=np.int64)
-    fixed = runner.fixed(dict(inputs or {}), ids.shape[0])
+    given = dict(inputs or {})
+    missing = [n for n in runner.others if n not in given]
+    if missing:
+        raise RuntimeError_(f"give the model's input {', '.join(missing)} (it is the same at "
+                            "every step)")
+    unknown = set(given) - set(runner.others)
+    if unknown:
+        raise RuntimeError_(f"the model has no other input {', '.join(sorted(unknown))}")
+    fixed = runner.fixed(given)
     batch = ids.shape[0]
     new = np.zeros((batch, 0), np.int64)
     done = np.zeros(batch, bool)
@@ -168,14 +176,7 @@ class _OnnxRunner:
         self.past: dict = {}
         self.prefix: np.ndarray | None = None
 
-    def fixed(self, given: dict, batch: int) -> dict:
-        missing = [n for n in self.others if n not in given]
-        if missing:
-            raise RuntimeError_(f"give the model's input {', '.join(missing)} (it is the same "
-                                "at every step)")
-        unknown = set(given) - set(self.others)
-        if unknown:
-            raise RuntimeError_(f"the model has no other input {', '.join(sorted(unknown))}")
+    def fixed(self, given: dict) -> dict:
         return {k: np.asarray(v) for k, v in given.items()}
 
     def start(self, ids: np.ndarray, fixed: dict) -> np.ndarray:
@@ -239,11 +240,7 @@ class _TorchRunner:
         self.past = None
         self.prefix = None
 
-    def fixed(self, given: dict, batch: int) -> dict:
-        missing = [n for n in self.others if n not in given]
-        if missing:
-            raise RuntimeError_(f"give the model's input {', '.join(missing)} (it is the same "
-                                "at every step)")
+    def fixed(self, given: dict) -> dict:
         return {k: self.torch.as_tensor(np.asarray(v), device=self.device)
                 for k, v in given.items()}
 
@@ -251,26 +248,17 @@ class _TorchRunner:
         return [ids if n == self.tokens else fixed[n] for n in self.order]
 
     def start(self, ids: np.ndarray, fixed: dict) -> np.ndarray:
-        ids = self.torch.as_tensor(ids, device=self.device)
-        if not self.cached:
-            self.prefix = ids
-            return self._full(fixed)
-        with self.torch.inference_mode():
-            logits, self.past = self.module.step(*self._args(fixed, ids))
-        return logits[:, -1].float().cpu().numpy()
+        self.past = self.prefix = None  # step() without a past is the prefill form
+        return self.next(ids, fixed)
 
     def next(self, ids: np.ndarray, fixed: dict) -> np.ndarray:
         ids = self.torch.as_tensor(ids, device=self.device)
-        if not self.cached:
-            self.prefix = self.torch.cat([self.prefix, ids], 1)
-            return self._full(fixed)
         with self.torch.inference_mode():
-            logits, self.past = self.module.step(*self._args(fixed, ids), past=self.past)
-        return logits[:, -1].float().cpu().numpy()
-
-    def _full(self, fixed: dict) -> np.ndarray:
-        with self.torch.inference_mode():
-            logits = self.module.logits(*self._args(fixed, self.prefix))
+            if self.cached:
+                logits, self.past = self.module.step(*self._args(fixed, ids), past=self.past)
+            else:  # the whole prefix again
+                self.prefix = ids if self.prefix is None else self.torch.cat([self.prefix, ids], 1)
+                logits = self.module.logits(*self._args(fixed, self.prefix))
         return logits[:, -1].float().cpu().numpy()
 
 
@@ -304,6 +292,7 @@ class _StateRunner:
             raise RuntimeError_("generation with a state takes a model with one input "
                                 "besides its state")
         self.tokens = inputs[0]["name"]
+        self.others: list[str] = []  # nothing but the tokens and the state
         self.vocabulary = inputs[0].get("hi", 0) - inputs[0].get("lo", 0) + 1 \
             if "hi" in inputs[0] else None
         outs = [o["name"] for o in io["outputs"] if o["name"] not in state]
@@ -318,10 +307,8 @@ class _StateRunner:
             first = next(model.parameters(), None)
             self.device = first.device if first is not None else None
 
-    def fixed(self, given: dict, batch: int) -> dict:
-        if given:
-            raise RuntimeError_(f"the model has no other input {', '.join(sorted(given))}")
-        return {}
+    def fixed(self, given: dict) -> dict:
+        return given
 
     def _run(self, ids: np.ndarray, state):
         x = ids if self.onnx else self.torch.as_tensor(ids, device=self.device)

@@ -955,6 +955,8 @@ POSITIONS = {"argmax", "argsort", "invperm"}  # results held 0-based (raw_lo = 1
 
 def _sdpa(b: Body, fn: ir.Function, inputs: list[str]) -> list[Line]:
     q, k, v, mask = inputs
+    last = Line(f"return sdpa({q}, {k}, {v}, attn_mask={mask})",
+                "scale 1/sqrt(d) is sdpa's default")
     if b.gen.incremental is not None:
         return [Line("if self.cache is not None:", "step(): the earlier positions' keys first"),
                 Line("    if self.cache:"),
@@ -968,12 +970,10 @@ def _sdpa(b: Body, fn: ir.Function, inputs: list[str]) -> list[Line]:
                 Line(f"        return sdpa({q}, {k}, {v})"),
                 Line(f"    {mask} = causal_mask({q}.shape[-2], {k}.shape[-2], {q}.device)"
                      f".to({q}.dtype)"),
-                Line(f"return sdpa({q}, {k}, {v}, attn_mask={mask})",
-                     "scale 1/sqrt(d) is sdpa's default")]
+                last]
     return [Line(f"if {mask} is CAUSAL:"),
             Line(f"    return sdpa({q}, {k}, {v}, is_causal=True)"),
-            Line(f"return sdpa({q}, {k}, {v}, attn_mask={mask})",
-                 "scale 1/sqrt(d) is sdpa's default")]
+            last]
 
 
 def _layer_norm(b: Body, fn: ir.Function, inputs: list[str]) -> list[Line]:
@@ -1682,15 +1682,13 @@ class Generator:
         """signature()'s entry for step(): the token input it extends, that input's run
         length, and each cached attention's key and value dims and number of layers."""
         inc = self.incremental
-        known = {k: v for k, v in self.values.items() if isinstance(v, Poly)}
         lines = ['        "incremental": {',
                  f'            "tokens": {json.dumps(inc.tokens)},',
                  f'            "length": {json.dumps(self.run_length[inc.length])},',
                  '            "cache": [']
         for s in inc.sites:
-            layers = 1 if s.loop is None else int(inc.layers[s.loop].subs(known).const_value())
             lines += ["                {",
-                      f'                    "layers": {layers},',
+                      f'                    "layers": {inc.layer_count(s, self.values)},',
                       f'                    "key": {json.dumps(inc.dims(s, "key", self.values))},',
                       '                    "value": '
                       f'{json.dumps(inc.dims(s, "value", self.values))},',
