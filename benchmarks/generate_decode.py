@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -40,6 +39,7 @@ def main() -> None:
 
     import onnxruntime
     import torch
+    from readme import cpu_name, write_block
     from safetensors.torch import load_file, save_file
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -93,7 +93,7 @@ def main() -> None:
               + f", same ids: {same}", file=sys.stderr)
     tmp.cleanup()
 
-    machine = (f"{platform.machine()}, {args.threads} threads, torch {torch.__version__}, "
+    machine = (f"{cpu_name()}, {args.threads} threads, torch {torch.__version__}, "
                f"onnxruntime {onnxruntime.__version__} ({onnx_model.provider}), float32")
     lines = [f"Greedy generation of {args.new} ids after a {args.prompt}-id prompt, GPT-2 "
              f"small, tokens per second, median of {args.reps} ({machine}):", "",
@@ -107,7 +107,6 @@ def main() -> None:
     table = "\n".join(lines)
     print(table)
     if args.write_readme:
-        from readme import write_block
         write_block(MARK, table)
 
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
-import platform
 import shutil
 import statistics
 import sys
@@ -175,6 +174,7 @@ def main() -> None:
     import numpy as np
     import onnxruntime as ort
     import torch
+    from readme import cpu_name, write_block
     from safetensors.torch import save_file
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -304,7 +304,7 @@ def main() -> None:
     for opset in OPSETS:
         labels[f"transformers ONNX, opset {opset}"] = (
             f"transformers GPT2LMHeadModel, `torch.onnx.export` opset {opset} (onnxruntime)")
-    lines = [f"Released GPT-2 small, logits, float32, CPU ({platform.machine()}, {threads} "
+    lines = [f"Released GPT-2 small, logits, float32, CPU ({cpu_name()}, {threads} "
              f"threads; onnxruntime {ort.__version__} ORT_ENABLE_ALL, {threads} intra-op / 1 "
              f"inter-op threads; torch {torch.__version__}); fgc's graphs are opset {fgc_opset}; "
              "median of " + " / ".join(f"{r[2]} ({b} × {t})" for (b, t), r in results.items())
@@ -361,8 +361,6 @@ def main() -> None:
     table = "\n".join(lines)
     print(table)
     if args.readme:
-        sys.path.insert(0, str(ROOT / "benchmarks"))
-        from readme import write_block
         write_block(MARK, table)
 
 

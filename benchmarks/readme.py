@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import platform
 import re
 from pathlib import Path
 
@@ -15,3 +16,14 @@ def write_block(mark: str, table: str) -> None:
     if not pattern.search(text):
         raise SystemExit(f"README.md has no <!-- {mark} --> block")
     README.write_text(pattern.sub(lambda _: block, text))
+
+
+def cpu_name() -> str:
+    """The processor's model name (/proc/cpuinfo on Linux), else the architecture."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()

@@ -690,6 +690,41 @@ def test_matches_the_seed_equations(name, T, dtype, tol, compiled):
     assert ref.max() > 5 / sets["V"]  # not two near-uniform outputs compared
 
 
+def _linear_ops(model, call) -> int:
+    """How many oneDNN inner products `call(model)` ran."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        call(model)
+    return sum(e.count for e in prof.key_averages() if e.key == "mkldnn::_linear_pointwise")
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch without oneDNN")
+def test_weight_products_through_onednn(compiled):
+    """In CPU float32 inference every weight product (the per-head q/k/v, W^O, the two of the
+    feed-forward net, the tied output projection) runs through oneDNN; it agrees with the
+    plain product, which training and `ONEDNN = False` take."""
+    sets = GOLDEN_SETS
+    path, _ = compiled("specs/formal/gpt2.fgpt", None, sets)
+    module = import_model(path)
+    model = _randomised(module.build(), seed=3)
+    x = torch.randint(0, sets["V"], (3, 7), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        assert _linear_ops(model, lambda m: m.logits(x)) == 6 * sets["L"] + 1
+        fast = model.logits(x)
+        module.ONEDNN = False
+        try:
+            assert _linear_ops(model, lambda m: m.logits(x)) == 0
+            plain = model.logits(x)
+        finally:
+            module.ONEDNN = True
+    assert (fast - plain).abs().max().item() <= 1e-5 * plain.abs().max().item()
+    # recording gradients: the plain product, and gradients reach every weight
+    assert _linear_ops(model, lambda m: m.logits(x).square().mean().backward()) == 0
+    assert all(p.grad is not None for p in model.parameters())
+    with torch.no_grad():  # float64 is never sent to oneDNN
+        assert _linear_ops(model.double(), lambda m: m.logits(x)) == 0
+
+
 # ---------------------------------------------------------------- (g) compile failure modes
 
 FAIL_SPEC = "specs/formal/gpt2.fgpt"

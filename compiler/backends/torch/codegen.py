@@ -266,6 +266,10 @@ def _wrap_expr(expr: str, indent: str, before: str, after: str) -> list[str]:
             out.extend(_wrap_expr(a, inner, "", ","))
         out.append(f"{indent}]{after}")
         return out
+    attr = re.search(r"(\.[A-Za-z_]\w*)+$", expr)
+    if attr and expr[:attr.start()].endswith(")"):
+        # `f(...).mT`: the call is wrapped, the attributes follow its closing bracket
+        return _wrap_expr(expr[:attr.start()], indent, before, attr.group() + after)
     if expr.endswith(")"):
         depth, start = 0, None
         for k in range(len(expr) - 1, -1, -1):
@@ -748,17 +752,16 @@ def _matmul(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
         # family axis moved in front of the member's rows
         fam = e.family[1] if e.family else y.type.family
         size = py_poly(fam, b.sym) if fam is not None else "-1"
-        prod = f"({x.expr} @ {y.stored}.flatten(-2)).unflatten(-1, ({size}, -1))"
+        b.gen.uses_project = True
+        prod = f"project({x.expr}, {y.stored}.flatten(-2)).unflatten(-1, ({size}, -1))"
         r = x.layout.rank
         return prod if r == 1 else f"{prod}.movedim(-2, {-r - 1})"
-    tp = y.producer
-    if tp is not None and tp.op == "transpose" and tp.ins[0].name in b.self_attr \
-            and not b.gen.in_module and x.layout.lead and not x.layout.fam \
-            and x.layout.rank == 2 and y.layout == Layout(False, False, 2):
-        # X @ W^T with a model parameter W (a tied output projection): weight-major for few
-        # rows, which CPU GEMMs run faster (see tied_projection in the template)
-        b.gen.uses_tied = True
-        return f"tied_projection({x.expr}, {b.operand(tp.ins[0], e).expr})"
+    weight = _weight(b, e, y)
+    if weight is not None and x.layout.rank != 0:
+        # activations times a weight matrix (or its transpose): see project in the template
+        b.gen.uses_project = True
+        xs = _align(b, x, out) if x.layout.rank and x.layout.rank >= 2 else x.expr
+        return f"project({xs}, {weight})"
     xs = _align(b, x, out) if x.layout.rank and x.layout.rank >= 2 else x.expr
     ys = _align(b, y, out) if y.layout.rank and y.layout.rank >= 2 else y.expr
     xs = xs if _atomic(xs) else f"({xs})"
@@ -769,6 +772,23 @@ def _matmul(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
             return f"({xs} * {ys}).sum(-1)"
         return f"({xs} @ {ys}.unsqueeze(-1)).squeeze(-1)"
     return f"{xs} @ {ys}"
+
+
+def _weight(b: Body, e: Eqn, y: _Val) -> str | None:
+    """The expression of a matmul's right operand when it is a parameter matrix, or the
+    transpose of one (a tied output projection), shared by the whole batch; else None."""
+    if y.layout != Layout(False, False, 2):
+        return None
+    o = e.ins[1]
+    if o.name in b.self_attr and o.name not in b.vals:
+        return y.expr
+    tp = y.producer
+    if tp is not None and tp.op == "transpose" and tp.ins[0].name in b.self_attr \
+            and tp.ins[0].name not in b.vals:
+        w = b.operand(tp.ins[0], e)
+        if w.layout == Layout(False, False, 2):
+            return f"{w.expr}.mT"
+    return None
 
 
 def _transpose(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
@@ -1063,7 +1083,7 @@ class Generator:
         self.uses_causal = False
         self.uses_take = False
         self.uses_per_member = False
-        self.uses_tied = False
+        self.uses_project = False
         try:  # the key/value cache form, for a model whose attention is causal
             self.incremental = derive(self.model, self.functions)
         except NotIncremental:
@@ -1942,7 +1962,7 @@ class Generator:
             spec=safe_name(self.spec.path), model=model_view, layers=layer_classes,
             modules=modules, hypers=hypers, preset=self.preset,
             uses_causal=self.uses_causal, uses_take=self.uses_take,
-            uses_per_member=self.uses_per_member, uses_tied=self.uses_tied)
+            uses_per_member=self.uses_per_member, uses_project=self.uses_project)
 
 
 def generate(spec, preset: str | None = None, sets: dict | None = None) -> str:

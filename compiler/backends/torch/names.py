@@ -11,7 +11,7 @@ import unicodedata
 RESERVED = {
     "torch", "nn", "math", "self", "B", "T", "build", "sdpa", "layer_norm", "gelu",
     "embedding", "CAUSAL", "causal_mask", "mask_tensor", "take", "device", "dtype", "layer",
-    "l", "logits", "start", "past", "sites", "site", "kv", "tied_projection",
+    "l", "logits", "start", "past", "sites", "site", "kv", "project", "ONEDNN",
 } | set(keyword.kwlist) | set(keyword.softkwlist) | set(dir(builtins))
 
 # attributes every nn.Module has: a parameter or submodule of that name would shadow them
