@@ -9,13 +9,19 @@ from pathlib import Path
 README = Path(__file__).resolve().parent.parent / "README.md"
 
 
-def write_block(mark: str, table: str) -> None:
+def write_block(mark: str, table: str, after: str | None = None) -> None:
+    """Replace the block `mark`; one README lacks goes in after the block `after`."""
     text = README.read_text()
     block = f"<!-- {mark} -->\n{table}\n<!-- /{mark} -->"
-    pattern = re.compile(rf"<!-- {mark} -->.*?<!-- /{mark} -->", re.S)
-    if not pattern.search(text):
+    pattern = re.compile(rf"<!-- {re.escape(mark)} -->.*?<!-- /{re.escape(mark)} -->", re.S)
+    if pattern.search(text):
+        text = pattern.sub(lambda _: block, text)
+    elif after is not None and f"<!-- /{after} -->" in text:
+        end = text.index(f"<!-- /{after} -->") + len(f"<!-- /{after} -->")
+        text = text[:end] + "\n\n" + block + text[end:]
+    else:
         raise SystemExit(f"README.md has no <!-- {mark} --> block")
-    README.write_text(pattern.sub(lambda _: block, text))
+    README.write_text(text)
 
 
 def cpu_name() -> str:

@@ -725,6 +725,20 @@ def test_weight_products_through_onednn(compiled):
         assert _linear_ops(model.double(), lambda m: m.logits(x)) == 0
 
 
+@pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
+                    reason="torch.compile's CPU backend needs a C++ compiler")
+def test_torch_compile_in_inference(compiled):
+    """torch.compile (Inductor) compiles the module in CPU inference, where eager runs the
+    weight products through oneDNN, and agrees with eager."""
+    path, _ = compiled("specs/formal/gpt2.fgpt", None, GOLDEN_SETS)
+    model = _randomised(import_model(path).build(), seed=5)
+    x = torch.randint(0, GOLDEN_SETS["V"], (2, 6), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        eager = model.logits(x)
+        fast = torch.compile(model.logits, fullgraph=True)(x)
+    assert (fast - eager).abs().max().item() <= 1e-5 * eager.abs().max().item()
+
+
 # ---------------------------------------------------------------- (g) compile failure modes
 
 FAIL_SPEC = "specs/formal/gpt2.fgpt"

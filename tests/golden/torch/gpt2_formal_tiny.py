@@ -52,10 +52,10 @@ ONEDNN = True
 
 def project(x, w):
     """x @ w for a weight w of shape (in, out). Without gradients being recorded, CPU
-    float32 runs through oneDNN (see ONEDNN); training, other devices and dtypes take the
-    plain product."""
-    if ONEDNN and not torch.is_grad_enabled() and x.device.type == "cpu" \
-            and x.dtype == w.dtype == torch.float32 and w.shape[0] \
+    float32 runs through oneDNN (see ONEDNN); training, other devices and dtypes, and
+    torch.compile (which picks its own kernels) take the plain product."""
+    if ONEDNN and not torch.is_grad_enabled() and not torch.compiler.is_compiling() \
+            and x.device.type == "cpu" and x.dtype == w.dtype == torch.float32 and w.shape[0] \
             and torch.backends.mkldnn.is_available():
         return torch.ops.mkldnn._linear_pointwise(x, w.mT, None, "none", [], "")
     return x @ w
