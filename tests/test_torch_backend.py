@@ -727,6 +727,7 @@ def test_weight_products_through_onednn(compiled):
 
 @pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
                     reason="torch.compile's CPU backend needs a C++ compiler")
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated")  # torch's own
 def test_torch_compile_in_inference(compiled):
     """torch.compile (Inductor) compiles the module in CPU inference, where eager runs the
     weight products through oneDNN, and agrees with eager."""
