@@ -31,10 +31,12 @@ POINTS = [(1, 16), (8, 128), (4, 512)]
 PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L4": 121e12}
 
 
-def flops(batch: int, length: int, L=12, H=768, F=3072, V=50257) -> float:
+def flops(batch: int, length: int, config) -> float:
     """GPT-2's forward FLOPs: 2 per multiply-add of the weight products (q, k, v, output, the
     feed-forward net's two, the projection onto the vocabulary) and of attention's Q K^T and
     its product with V over the causal half."""
+    L, H, V = config.n_layer, config.n_embd, config.vocab_size
+    F = config.n_inner or 4 * H
     tokens = batch * length
     weights = 2 * tokens * (L * (4 * H * H + 2 * H * F) + H * V)
     attention = 2 * 2 * batch * L * H * length * (length + 1) / 2
@@ -152,7 +154,7 @@ def main() -> None:
         for ours_k, theirs_k, label in pairs:
             r = f"{median[theirs_k] / median[ours_k]:.2f}×"
             ratios.append(f"**{r}**" if label == "speed-up" else r)
-        achieved = flops(batch, length) / median[fast]
+        achieved = flops(batch, length, hf.config) / median[fast]
         cell = f"{achieved / unit:.1f}"
         if peak:
             cell += f" ({achieved / peak:.0%})"
