@@ -39,7 +39,7 @@ def main() -> None:
 
     import onnxruntime
     import torch
-    from readme import cpu_name, write_block
+    from readme import cpu_name, publish
     from safetensors.torch import load_file, save_file
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -104,10 +104,7 @@ def main() -> None:
         t, o, h = r["fgc torch"], r["fgc onnx"], r["transformers"]
         lines.append(f"| {batch} | {t:.1f} | {o:.1f} | {h:.1f} | **{t / h:.2f}×** | "
                      f"**{o / h:.2f}×** | {o / t:.2f}× | {'yes' if same else 'no'} |")
-    table = "\n".join(lines)
-    print(table)
-    if args.write_readme:
-        write_block(MARK, table)
+    publish(MARK, lines, args.write_readme)
 
 
 if __name__ == "__main__":

@@ -174,7 +174,7 @@ def main() -> None:
     import numpy as np
     import onnxruntime as ort
     import torch
-    from readme import cpu_name, write_block
+    from readme import cpu_name, publish
     from safetensors.torch import save_file
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -358,10 +358,7 @@ def main() -> None:
               f"imports, took {cold_s:.2f} s); reading the {weights_mib:.0f} MiB weights file "
               f"alone (`read_safetensors`) takes {read_s:.2f} s, so emitting without weight "
               f"I/O takes {emit_s[STD] - read_s:.2f} s / {emit_s[OPT] - read_s:.2f} s."]
-    table = "\n".join(lines)
-    print(table)
-    if args.readme:
-        write_block(MARK, table)
+    publish(MARK, lines, args.readme)
 
 
 if __name__ == "__main__":

@@ -75,7 +75,7 @@ def main() -> None:
     f_mem = max(r[1] for r in fgc_runs)
     p_mem = max(r[1] for r in peer_runs)
     machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
-    table = "\n".join([
+    lines = [
         f"Counting GPT-3 175B as whole processes ({args.runs} runs each, median; {machine}):",
         "",
         "| | wall time (median) | peak memory | parameters |",
@@ -88,11 +88,9 @@ def main() -> None:
         "",
         f"The counts differ by {peer_total - fgc_total:,} = 96 × 4 × 12,288: GPT2Model has "
         "attention biases (q, k, v and output), the formal GPT-3 box has none.",
-    ])
-    print(table)
-    if args.write_readme:
-        from readme import write_block
-        write_block(MARK, table)
+    ]
+    from readme import publish
+    publish(MARK, lines, args.write_readme)
 
 if __name__ == "__main__":
     main()

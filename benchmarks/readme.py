@@ -14,14 +14,23 @@ def write_block(mark: str, table: str, after: str | None = None) -> None:
     text = README.read_text()
     block = f"<!-- {mark} -->\n{table}\n<!-- /{mark} -->"
     pattern = re.compile(rf"<!-- {re.escape(mark)} -->.*?<!-- /{re.escape(mark)} -->", re.S)
+    end_of_after = f"<!-- /{after} -->"
     if pattern.search(text):
         text = pattern.sub(lambda _: block, text)
-    elif after is not None and f"<!-- /{after} -->" in text:
-        end = text.index(f"<!-- /{after} -->") + len(f"<!-- /{after} -->")
+    elif after is not None and end_of_after in text:
+        end = text.index(end_of_after) + len(end_of_after)
         text = text[:end] + "\n\n" + block + text[end:]
     else:
         raise SystemExit(f"README.md has no <!-- {mark} --> block")
     README.write_text(text)
+
+
+def publish(mark: str, lines: list[str], write: bool, after: str | None = None) -> None:
+    """Print a benchmark's table, and with `write` put it into README.md as block `mark`."""
+    table = "\n".join(lines)
+    print(table)
+    if write:
+        write_block(mark, table, after)
 
 
 def cpu_name() -> str:

@@ -55,7 +55,7 @@ def main() -> None:
     args = ap.parse_args()
 
     import torch
-    from readme import cpu_name, write_block
+    from readme import cpu_name, publish
     from safetensors.torch import load_file, save_file
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -161,13 +161,9 @@ def main() -> None:
         lines.append(f"| {batch} × {length} | "
                      + " | ".join(f"{median[k] * 1000:.2f} ms" for k in runs)
                      + " | " + " | ".join(ratios) + f" | {cell} | {diff:.1e} |")
-    table = "\n".join(lines)
-    print(table)
-    if args.write_readme:
-        mark = MARK if (device.type, args.dtype, args.compile) == ("cpu", "float32", False) \
-            else f"{MARK}-{device.type}-{args.dtype}{'-compile' if args.compile else ''}"
-        write_block(mark, table, after=MARK)
-
+    mark = MARK if (device.type, args.dtype, args.compile) == ("cpu", "float32", False) \
+        else f"{MARK}-{device.type}-{args.dtype}{'-compile' if args.compile else ''}"
+    publish(mark, lines, args.write_readme, after=MARK)
 
 if __name__ == "__main__":
     main()

@@ -375,11 +375,15 @@ class Body:
         self.vals[name] = _Val(py, layout, t, raw_lo=raw_lo, named=True)
         return py
 
+    def is_param(self, name: str | None) -> bool:
+        """Whether `name` here is one of the module's parameters (not a local value)."""
+        return name in self.self_attr and name not in self.vals
+
     def operand(self, o: Operand, for_eqn: Eqn) -> _Val:
         if o.name is None:
             return _Val(py_const(o.const, self.sym), Layout(False, False, 0),
                         TensorType(dtype="real" if isinstance(o.const, float) else "int"))
-        if o.name in self.self_attr and o.name not in self.vals:
+        if self.is_param(o.name):
             p = self.gen.param_types[self.self_attr[o.name]]
             expr = self.self_attr[o.name]
             t = p.type
@@ -756,13 +760,12 @@ def _matmul(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
         prod = f"project({x.expr}, {y.stored}.flatten(-2)).unflatten(-1, ({size}, -1))"
         r = x.layout.rank
         return prod if r == 1 else f"{prod}.movedim(-2, {-r - 1})"
+    xs = _align(b, x, out) if x.layout.rank and x.layout.rank >= 2 else x.expr
     weight = _weight(b, e, y)
     if weight is not None and x.layout.rank != 0:
         # activations times a weight matrix (or its transpose): see project in the template
         b.gen.uses_project = True
-        xs = _align(b, x, out) if x.layout.rank and x.layout.rank >= 2 else x.expr
         return f"project({xs}, {weight})"
-    xs = _align(b, x, out) if x.layout.rank and x.layout.rank >= 2 else x.expr
     ys = _align(b, y, out) if y.layout.rank and y.layout.rank >= 2 else y.expr
     xs = xs if _atomic(xs) else f"({xs})"
     ys = ys if _atomic(ys) else f"({ys})"
@@ -779,12 +782,10 @@ def _weight(b: Body, e: Eqn, y: _Val) -> str | None:
     transpose of one (a tied output projection), shared by the whole batch; else None."""
     if y.layout != Layout(False, False, 2):
         return None
-    o = e.ins[1]
-    if o.name in b.self_attr and o.name not in b.vals:
+    if b.is_param(e.ins[1].name):
         return y.expr
     tp = y.producer
-    if tp is not None and tp.op == "transpose" and tp.ins[0].name in b.self_attr \
-            and tp.ins[0].name not in b.vals:
+    if tp is not None and tp.op == "transpose" and b.is_param(tp.ins[0].name):
         w = b.operand(tp.ins[0], e)
         if w.layout == Layout(False, False, 2):
             return f"{w.expr}.mT"
