@@ -1,17 +1,25 @@
-"""The `fgc` command line: check, params, ir.
+"""The `fgc` command line: check, params, compile, run, generate, diff, render, ir.
 
-Exit codes: 0 success, 1 a problem in a spec, 2 a usage error. A problem in a spec is
-printed as `file:line:col: error: message`, the line, a caret and `help:`; never as a
-Python traceback.
+Exit codes (README's "Command line" lists them too): 0 success; 1 a problem in a spec
+(printed as `file:line:col: error: message`, the line, a caret and `help:`) or in a file it
+reads or writes (a checkpoint, a compiled model, an output that cannot be written); 2 a
+usage error: the command line itself is wrong (an unknown option or a bad value, a missing
+file, an unknown preset or `--set` name), checked before any work, ideally by argparse's
+`type=` functions below; 3 an internal error, a bug in fgc, with a one-line summary and no
+traceback (FGC_DEBUG=1 shows it). `fgc diff` answers like diff(1): 0 equivalent, 1
+different, 2 trouble.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from fractions import Fraction
+
+from runtime.files import Terminated
 
 EXIT_OK, EXIT_SPEC, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 
@@ -48,8 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     _config_args(k)
     k.add_argument("--weights", metavar="W.safetensors",
                    help="a checkpoint in the released model's own tensor names")
-    k.add_argument("-o", "--out", metavar="DIR", required=True, help="output folder")
-    k.add_argument("--opset", type=int, metavar="N",
+    k.add_argument("-o", "--out", metavar="DIR", required=True, type=_out_dir,
+                   help="output folder")
+    k.add_argument("--opset", type=_opset, metavar="N",
                    help="onnx: the ONNX opset (18 to 25; default 23, which has Attention)")
     k.add_argument("--optimize", choices=["none", "ort"],
                    help="onnx: `ort` emits onnxruntime's fused operators")
@@ -58,7 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--kv-cache", action="store_true",
                    help="onnx: the incremental form of an autoregressive spec, with past "
                         "keys/values per layer in and present ones out")
-    k.add_argument("--seed", type=int, default=0,
+    k.add_argument("--strict", action="store_true",
+                   help="checkpoint tensors holding NaN or Inf are an error, not a warning")
+    k.add_argument("--seed", type=_seed, default=0,
                    help="onnx: seed of the random weights used without --weights")
 
     u = sub.add_parser("run", help="run a compiled ONNX model (or a spec) with onnxruntime")
@@ -72,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="values for another input, as --tokens (repeatable)")
     u.add_argument("--weights", metavar="W.safetensors", help="with a SPEC: its checkpoint")
     u.add_argument("--optimize", choices=["none", "ort"], help="with a SPEC: as for compile")
-    u.add_argument("--top", type=int, default=5, metavar="K",
+    u.add_argument("--top", type=_count, default=5, metavar="K",
                    help="how many of the most likely ids to show (default 5)")
 
     d = sub.add_parser("diff", help="how two architectures differ (exit 0 equivalent, "
@@ -80,11 +91,12 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("a", metavar="A.fgpt")
     d.add_argument("b", metavar="B.fgpt")
     d.add_argument("--preset", metavar="P", help="a preset for both sides")
-    d.add_argument("--set", metavar="K=V", action="append", default=[],
+    d.add_argument("--set", metavar="K=V", action="append", default=[], type=_set_arg,
                    help="override a hyperparameter on both sides (repeatable)")
     for s in ("a", "b"):
         d.add_argument(f"--preset-{s}", metavar="P", help=f"a preset for {s.upper()} only")
         d.add_argument(f"--set-{s}", metavar="K=V", action="append", default=[],
+                       type=_set_arg,
                        help=f"override a hyperparameter of {s.upper()} only")
     d.add_argument("--format", choices=["text", "json"], default="text")
 
@@ -95,7 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
     _config_args(w)
     w.add_argument("--stdlib", action="store_true",
                    help="latex: also box the standard-library modules the model uses")
-    w.add_argument("-o", "--out", metavar="FILE", help="write here (default: standard output)")
+    w.add_argument("-o", "--out", metavar="FILE", type=_out_file,
+                   help="write here (default: standard output)")
 
     g = sub.add_parser("generate", help="generate token ids from a prompt, with the key/value "
                        "cache of an autoregressive spec (ONNX or PyTorch)")
@@ -105,19 +118,20 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prompt-ids", metavar="IDS", required=True,
                    help="0-based token ids, comma-separated (several prompts of one length: "
                         "separate them with `;`)")
-    g.add_argument("--max-new-tokens", type=int, metavar="N", required=True,
+    g.add_argument("--max-new-tokens", type=_count, metavar="N", required=True,
                    help="at most N new ids per prompt")
-    g.add_argument("--max-length", type=int, metavar="N",
+    g.add_argument("--max-length", type=_positive_int, metavar="N",
                    help="stop when a sequence has N positions, prompt included")
     g.add_argument("--stop-ids", metavar="IDS", default="",
                    help="ids that end a sequence (kept in the output), comma-separated")
     g.add_argument("--greedy", action="store_true", help="the most likely id (the default)")
-    g.add_argument("--temperature", type=float, metavar="T",
+    g.add_argument("--temperature", type=_positive_float, metavar="T",
                    help="sample, with the logits divided by T")
-    g.add_argument("--top-k", type=int, metavar="K", help="sample among the K likeliest ids")
-    g.add_argument("--top-p", type=float, metavar="P",
+    g.add_argument("--top-k", type=_positive_int, metavar="K",
+                   help="sample among the K likeliest ids")
+    g.add_argument("--top-p", type=_top_p, metavar="P",
                    help="sample among the likeliest ids whose probability reaches P")
-    g.add_argument("--seed", type=int, metavar="S", help="seed of the sampler")
+    g.add_argument("--seed", type=_seed, metavar="S", help="seed of the sampler")
     g.add_argument("--input", metavar="NAME=VALUES", action="append", default=[],
                    help="another input, the same at every step (an encoder's source)")
     g.add_argument("--backend", choices=["onnx", "torch"],
@@ -126,6 +140,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="onnx: the execution provider")
     g.add_argument("--no-cache", action="store_true",
                    help="recompute the whole prefix at every step")
+
+    h = sub.add_parser("cache", help="show or clear fgc's caches (parsed specs, parse tables, "
+                       "onnxruntime's optimised graphs)")
+    h.add_argument("action", choices=["info", "clear"])
 
     r = sub.add_parser("ir", help="print the elaborated IR")
     r.add_argument("file", metavar="FILE")
@@ -137,8 +155,153 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", metavar="P", help="a preset defined in the spec")
-    p.add_argument("--set", metavar="K=V", action="append", default=[],
+    p.add_argument("--set", metavar="K=V", action="append", default=[], type=_set_arg,
                    help="override one hyperparameter (repeatable)")
+
+
+# ---------------------------------------------------------------- option values
+# argparse calls these on the text of an option; ArgumentTypeError makes a usage error
+# (exit 2) naming the option, before any spec is read.
+
+INT64 = 2**63
+
+
+def _int(text: str, lo: int, hi: int, what: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"`{_short(text)}` is not a whole number") from None
+    if not lo <= value <= hi:
+        raise argparse.ArgumentTypeError(f"{_short(text)}: {what}")
+    return value
+
+
+def _count(text: str) -> int:
+    return _int(text, 0, INT64 - 1, "give a number >= 0")
+
+
+def _positive_int(text: str) -> int:
+    return _int(text, 1, INT64 - 1, "give a number >= 1")
+
+
+def _seed(text: str) -> int:
+    return _int(text, 0, 2**64 - 1, "a seed is a whole number from 0 to 2^64 - 1")
+
+
+def _opset(text: str) -> int:
+    from .backends.onnx.lower import MAX_OPSET, MIN_OPSET
+    return _int(text, MIN_OPSET, MAX_OPSET, f"the ONNX backend writes opsets {MIN_OPSET} to "
+                f"{MAX_OPSET}")
+
+
+def _real(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"`{_short(text)}` is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{_short(text)}: give a finite number")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = _real(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{_short(text)}: give a number > 0")
+    return value
+
+
+def _top_p(text: str) -> float:
+    value = _real(text)
+    if not 0 < value <= 1:  # worded as runtime.generate words it
+        raise argparse.ArgumentTypeError(f"top-p {value}: give a number in (0, 1]")
+    return value
+
+
+def _set_arg(text: str) -> str:
+    """`--set NAME=VALUE`, kept as text (the commands parse it again) once it reads."""
+    from .errors import FgcError
+    from .pipeline import parse_set
+    try:
+        parse_set(text)
+    except ValueError as e:
+        reason = None
+        name, _, value = text.partition("=")
+        value = value.strip()
+        if value:
+            from lark import Token
+
+            from .parse import parse_number
+            tok = Token("INT", value)
+            tok.line = tok.column = tok.end_line = tok.end_column = 1
+            try:
+                parse_number(tok, "--set")
+            except FgcError as number:
+                reason = number.diagnostics[0].message
+            except (ValueError, ArithmeticError, IndexError):
+                pass
+        plain = str(e).removeprefix("--set").lstrip(": ")
+        raise argparse.ArgumentTypeError(f"{name.strip()}: {reason}" if reason else plain) \
+            from None
+    return text
+
+
+def _path_text(text: str, what: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"{what} is an empty name")
+    if "\0" in text:
+        raise argparse.ArgumentTypeError(f"{what} holds a NUL character")
+    return text
+
+
+def _out_dir(text: str) -> str:
+    return _path_text(text, "the output folder")
+
+
+def _out_file(text: str) -> str:
+    """`render -o FILE`: a file's name, not a folder (`.`, `/`, `out/`)."""
+    _path_text(text, "the output file")
+    if text.endswith(("/", os.sep)) or os.path.basename(text) in ("", ".", "..") or \
+            os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{_short(text)} is a folder; give a file name")
+    return text
+
+
+def _short(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def cmd_cache(args) -> int:
+    """`fgc cache info|clear`: what fgc keeps in the user's cache folder."""
+    import shutil
+
+    from runtime.files import cache_home
+    from runtime.progress import human_size
+    root = cache_home()
+    sizes: dict[str, list[int]] = {}
+    if root.is_dir() and not root.is_symlink():
+        for path in root.rglob("*"):
+            if path.is_file() and not path.is_symlink():
+                kind = ("onnxruntime's optimised graphs" if path.relative_to(root).parts[0]
+                        == "onnxruntime" else "parse tables" if path.name.startswith("grammar-")
+                        else "parsed specs")
+                entry = sizes.setdefault(kind, [0, 0])
+                entry[0] += 1
+                entry[1] += path.stat().st_size
+    if args.action == "info":
+        print(f"cache folder {root}")
+        for kind, (count, size) in sorted(sizes.items()):
+            print(f"  {kind}: {count} file{'s' * (count != 1)}, {human_size(size)}")
+        if not sizes:
+            print("  empty")
+        return EXIT_OK
+    if root.is_symlink():
+        print(f"fgc: error: {root} is a symbolic link; not removing it", file=sys.stderr)
+        return EXIT_USAGE
+    shutil.rmtree(root, ignore_errors=True)
+    freed = sum(size for _, size in sizes.values())
+    print(f"removed {root} ({human_size(freed)})")
+    return EXIT_OK
 
 
 def _version() -> str:
@@ -151,22 +314,45 @@ def _version() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
+    _names_as_bytes()
     args = build_parser().parse_args(argv)
     try:
         return {"check": cmd_check, "params": cmd_params, "ir": cmd_ir,
                 "compile": cmd_compile, "run": cmd_run, "diff": cmd_diff,
                 "generate": cmd_generate,
-                "render": cmd_render}[args.command](args)
+                "render": cmd_render, "cache": cmd_cache}[args.command](args)
     except BrokenPipeError:
         return EXIT_OK
     except KeyboardInterrupt:
         return 130
+    except Terminated as e:  # SIGTERM/SIGHUP while writing: temporaries already removed
+        return 128 + e.signum
     except Exception as e:  # noqa: BLE001 - the last line of defence against a traceback
-        print(f"fgc: internal error: {type(e).__name__}: {e}", file=sys.stderr)
-        print("fgc: this is a bug in fgc, not in your spec; please report it", file=sys.stderr)
         if os.environ.get("FGC_DEBUG"):
             raise
+        print(f"fgc: internal error: {_bug_line(e)}", file=sys.stderr)
+        print("fgc: this is a bug in fgc, not in your input; please report it with the "
+              "command and the spec (FGC_DEBUG=1 shows the traceback)", file=sys.stderr)
         return EXIT_INTERNAL
+
+
+def _names_as_bytes() -> None:
+    """A file name that is not UTF-8 reaches Python as surrogate escapes; print it as the
+    bytes it is (as ls does) rather than fail on it, on a terminal whose locale makes
+    standard output strict (en_US.UTF-8; C.UTF-8 already escapes)."""
+    for stream in (sys.stdout, sys.stderr):
+        if getattr(stream, "errors", None) == "strict" and hasattr(stream, "reconfigure"):
+            try:
+                stream.reconfigure(errors="surrogateescape")
+            except (ValueError, OSError, AttributeError):  # not a text stream we can change
+                pass
+
+
+def _bug_line(e: BaseException) -> str:
+    """`Type: first line of the message`, at most 200 characters."""
+    first = next((line for line in str(e).splitlines() if line.strip()), "")
+    text = f"{type(e).__name__}: {first.strip()}" if first else type(e).__name__
+    return _short(text, 200)
 
 
 # ---------------------------------------------------------------- helpers
@@ -188,10 +374,24 @@ def _print_diagnostics(diags, sources, stream=None) -> None:
         print(text, file=stream)
 
 
+def _not_a_file(path: str, folders: bool = False) -> bool:
+    """Print a usage error when `path` names nothing (or a folder, unless `folders`)."""
+    if not os.path.lexists(path):
+        print(f"fgc: error: {path}: no such file{' or folder' if folders else ''}",
+              file=sys.stderr)
+        return True
+    if not folders and os.path.isdir(path):
+        print(f"fgc: error: {path} is a directory; give a .fgpt file", file=sys.stderr)
+        return True
+    return False
+
+
 def _load(path: str):
     """(spec, None) or (None, exit code) with the diagnostics printed."""
     from .errors import FgcError, Sources
     from .pipeline import load
+    if _not_a_file(path):
+        return None, EXIT_USAGE
     try:
         return load(path), None
     except FgcError as e:
@@ -203,11 +403,22 @@ def _load_model(path: str, trouble: int = EXIT_SPEC):
     """Like _load, for commands that need a model: a file of modules only is refused."""
     spec, code = _load(path)
     if spec is None:
-        return None, trouble
+        return None, EXIT_USAGE if code == EXIT_USAGE else trouble
     if not spec.file.models:
-        print(f"fgc: {path} defines modules but no model", file=sys.stderr)
+        _no_model(spec)
         return None, trouble
     return spec, None
+
+
+def _no_model(spec, why: str = "") -> None:
+    """A file of modules only where a model is needed: an error at its first line."""
+    from pathlib import Path
+
+    from .errors import FgcError, Span
+    err = FgcError(f"{Path(spec.path).name} defines modules but no model{why}",
+                   Span(spec.path, 1, 1), "`fgc check` checks a file of modules; the other "
+                   "commands need a `model Name { ... }`")
+    _print_diagnostics(err.diagnostics, spec.sources)
 
 
 def _sets(items: list[str]) -> dict[str, Fraction | float]:
@@ -236,23 +447,37 @@ class _Usage(Exception):
     pass
 
 
-def _configure(spec, args):
-    """The configuration the command line asks for: (config, None) or (None, exit code)."""
-    from .errors import FgcError
+def _choice(spec, preset: str | None, sets: dict) -> int | None:
+    """None when the spec has a model with `preset` and every `--set` name; else the exit
+    code, the problem printed (a usage error: the command line names what is not there)."""
     if not spec.file.models:
-        print(f"fgc: {spec.path} defines modules but no model", file=sys.stderr)
-        return None, EXIT_SPEC
-    try:
-        sets = _sets(args.set)
-    except _Usage as e:
-        print(f"fgc: error: {e}", file=sys.stderr)
-        return None, EXIT_USAGE
+        _no_model(spec)
+        return EXIT_SPEC
     names = {h.name for h in spec.model.hypers}
     unknown = [k for k in sets if k not in names]
     if unknown:
         print(f"fgc: error: --set {unknown[0]}: `{spec.model.name}` has no hyperparameter "
               f"`{unknown[0]}` (it has {', '.join(sorted(names)) or 'none'})", file=sys.stderr)
+        return EXIT_USAGE
+    if preset is not None and preset not in spec.presets():
+        avail = ", ".join(spec.presets()) or "none"
+        print(f"fgc: error: `{spec.model.name}` has no preset `{preset}` (presets: {avail})",
+              file=sys.stderr)
+        return EXIT_USAGE
+    return None
+
+
+def _configure(spec, args):
+    """The configuration the command line asks for: (config, None) or (None, exit code)."""
+    from .errors import FgcError
+    try:
+        sets = _sets(args.set)
+    except _Usage as e:
+        print(f"fgc: error: {e}", file=sys.stderr)
         return None, EXIT_USAGE
+    code = _choice(spec, args.preset, sets)
+    if code is not None:
+        return None, code
     preset = args.preset
     if preset is None and not sets:
         try:
@@ -260,11 +485,6 @@ def _configure(spec, args):
         except FgcError as e:
             _print_diagnostics(e.diagnostics, spec.sources)
             return None, EXIT_SPEC
-    if preset is not None and preset not in spec.presets():
-        avail = ", ".join(spec.presets()) or "none"
-        print(f"fgc: error: `{spec.model.name}` has no preset `{preset}` (presets: {avail})",
-              file=sys.stderr)
-        return None, EXIT_USAGE
     try:
         return spec.configure(preset, sets), None
     except FgcError as e:
@@ -276,7 +496,7 @@ def _configure(spec, args):
 
 
 def cmd_check(args) -> int:
-    from .errors import FgcError, Sources
+    from .errors import FgcError, Sources, printable
     from .pipeline import load
     results = []
     worst = EXIT_OK
@@ -299,7 +519,7 @@ def cmd_check(args) -> int:
         except Exception as e:  # noqa: BLE001 - report this file, go on with the others
             if os.environ.get("FGC_DEBUG"):
                 raise
-            errors = [_diag(f"internal error while checking {path}: {type(e).__name__}: {e} "
+            errors = [_diag(f"internal error while checking {path}: {_bug_line(e)} "
                             "(a bug in fgc, not in the spec; please report it)")]
             warnings = []
             internal = True
@@ -319,7 +539,7 @@ def cmd_check(args) -> int:
                 kind = "error" if d.severity == "error" or args.strict else "warning"
                 loc = ""
                 if d.span is not None:
-                    loc = (f" file={_gh_property(d.span.file)},line={d.span.line},"
+                    loc = (f" file={_gh_property(printable(d.span.file))},line={d.span.line},"
                            f"col={d.span.column}")
                 msg = d.message + (f" (help: {d.hint})" if d.hint else "")
                 msg = msg.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
@@ -329,7 +549,7 @@ def cmd_check(args) -> int:
             _print_diagnostics(errors + warnings, sources)
             if not failed:
                 note = f", {len(warnings)} warning{'s' * (len(warnings) != 1)}" if warnings else ""
-                print(f"{path}: ok{note}")
+                print(f"{printable(path)}: ok{note}")
     return worst
 
 
@@ -349,6 +569,8 @@ def _expand_paths(paths: list[str]) -> list[str] | None:
     from pathlib import Path
     out = []
     for p in paths:
+        if _not_a_file(p, folders=True):
+            return None
         if Path(p).is_dir():
             found = sorted(str(f) for f in Path(p).rglob("*.fgpt"))
             if not found:
@@ -407,6 +629,8 @@ def _params_together(args) -> int:
         print(f"fgc: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     items, reports = [], []
+    if any(_not_a_file(path) for path in args.files):
+        return EXIT_USAGE
     for path in args.files:
         spec, code = _load_model(path)
         if spec is None:
@@ -618,6 +842,8 @@ def cmd_render(args) -> int:
     import subprocess
     from pathlib import Path
 
+    from runtime.files import atomic_write
+
     from . import render
     spec, code = _load(args.file)
     if spec is None:
@@ -629,9 +855,12 @@ def cmd_render(args) -> int:
         if cfg is None:
             return code
     elif args.to != "latex":
-        print(f"fgc: {args.file} defines modules but no model; --to {args.to} draws a model",
-              file=sys.stderr)
+        _no_model(spec, f"; --to {args.to} draws a model")
         return EXIT_SPEC
+    elif chosen:
+        print(f"fgc: error: --preset and --set choose a model's sizes; {args.file} has no "
+              "model", file=sys.stderr)
+        return EXIT_USAGE
     sym = None
     if spec.file.models:
         sym = _symbolic(spec)
@@ -661,9 +890,8 @@ def cmd_render(args) -> int:
         return EXIT_OK
     out = Path(args.out)
     try:
-        tmp = out.with_name(f".{out.name}.fgc-tmp")
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(out)
+        # a fresh temporary renamed over `out`: no link there or at a fixed name followed
+        atomic_write(out, text.encode("utf-8", "surrogateescape"))
     except OSError as e:
         print(f"fgc: error: cannot write {out}: {e.strerror or e}", file=sys.stderr)
         return EXIT_SPEC
@@ -676,36 +904,52 @@ def cmd_render(args) -> int:
 
 def cmd_compile(args) -> int:
     from .emit import compile_spec
-    from .errors import FgcError, Sources
-    from .pipeline import load
+    from .errors import FgcError, printable
     try:
         sets = _sets(args.set)
     except _Usage as e:
         print(f"fgc: error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    onnx_only = [flag for flag, given in (
+        ("--opset", args.opset is not None), ("--optimize", args.optimize is not None),
+        ("--external-data", args.external_data), ("--kv-cache", getattr(args, "kv_cache", 0)))
+        if given]
+    if args.target != "onnx" and onnx_only:
+        step = " (the torch module has step() instead)" if "--kv-cache" in onnx_only else ""
+        print(f"fgc: error: {', '.join(onnx_only)} {'is' if len(onnx_only) == 1 else 'are'} "
+              f"for --target onnx{step}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.target == "onnx" and not _utf8(args.file):
+        print(f"fgc: error: {args.file!r}: the file name is not UTF-8, which ONNX needs (it "
+              "is in every node's doc string); rename the file", file=sys.stderr)
+        return EXIT_USAGE
+    spec, code = _load_model(args.file)
+    if spec is None:
+        return code
+    code = _choice(spec, args.preset, sets)
+    if code is not None:
+        return code
     try:
         result = compile_spec(args.file, args.out, args.target, args.preset, sets, args.weights,
                               opset=args.opset, optimize=args.optimize,
                               external_data=args.external_data,
                               seed=args.seed if args.target == "onnx" else 0,
-                              kv_cache=getattr(args, "kv_cache", False))
+                              kv_cache=getattr(args, "kv_cache", False),
+                              strict=getattr(args, "strict", False))
     except FgcError as e:
-        sources = getattr(e, "sources", None)
-        if sources is None:
-            try:
-                sources = load(args.file).sources
-            except FgcError:
-                sources = Sources()
-        _print_diagnostics(e.diagnostics, sources)
+        _print_diagnostics(e.diagnostics, getattr(e, "sources", None) or spec.sources)
         return EXIT_SPEC
+    for warning in result.warnings:
+        print(f"warning: {printable(warning)}", file=sys.stderr)
     for f in result.files:
         print(f"wrote {f}")
     if result.ignored:
         print(f"ignored {len(result.ignored)} checkpoint tensors the spec marks as not "
-              f"parameters (e.g. {result.ignored[0]})")
+              f"parameters (e.g. {printable(result.ignored[0])})")
     if result.extras:
         print(f"note: {len(result.extras)} checkpoint tensors were not used: "
-              f"{', '.join(result.extras[:5])}{' …' if len(result.extras) > 5 else ''}",
+              f"{printable(', '.join(result.extras[:5]))}"
+              f"{' …' if len(result.extras) > 5 else ''}",
               file=sys.stderr)
     return EXIT_OK
 
@@ -719,20 +963,24 @@ def cmd_run(args) -> int:
     import tempfile
     from pathlib import Path
     target = Path(args.target)
+    try:
+        _check_int64(args.tokens, "--tokens")
+    except _Usage as e:
+        print(f"fgc: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    if _not_a_file(args.target, folders=True):
+        return EXIT_USAGE
     if target.is_dir():
         if args.preset or args.set or args.weights or args.optimize:
             print("fgc: error: --preset, --set, --weights and --optimize apply to a SPEC, not "
                   "to a compiled folder", file=sys.stderr)
             return EXIT_USAGE
         return _run_dir(target, args)
-    if not target.exists():
-        print(f"fgc: {args.target}: no such file or folder", file=sys.stderr)
-        return EXIT_SPEC
     with tempfile.TemporaryDirectory(prefix="fgc-run-") as tmp:
         spec_args = argparse.Namespace(
             file=str(target), out=tmp, target="onnx", preset=args.preset, set=args.set,
             weights=args.weights, opset=None, optimize=args.optimize, external_data=False,
-            seed=0)
+            seed=0, kv_cache=False)
         with contextlib.redirect_stdout(io.StringIO()):  # "wrote ..." of a temporary folder
             code = cmd_compile(spec_args)
         if code != EXIT_OK:
@@ -760,6 +1008,14 @@ def _run_dir(folder, args) -> int:
     for line in model.describe(result, top=args.top):
         print(line)
     return EXIT_OK
+
+
+def _utf8(path: str) -> bool:
+    try:
+        path.encode("utf-8")
+        return True
+    except UnicodeEncodeError:  # undecodable bytes of the name, as surrogate escapes
+        return False
 
 
 def _pairs(items: list[str]):
@@ -791,15 +1047,14 @@ def cmd_generate(args) -> int:
         print("fgc: error: --greedy takes no --temperature, --top-k or --top-p",
               file=sys.stderr)
         return EXIT_USAGE
+    if _not_a_file(args.target, folders=True):
+        return EXIT_USAGE
     if target.is_dir():
         if args.preset or args.set or args.weights or args.backend:
             print("fgc: error: --preset, --set, --weights and --backend apply to a SPEC, not "
                   "to a compiled folder", file=sys.stderr)
             return EXIT_USAGE
         return _generate_dir(target, args, prompt, stop, inputs)
-    if not target.exists():
-        print(f"fgc: {args.target}: no such file or folder", file=sys.stderr)
-        return EXIT_SPEC
     spec, code = _load_model(str(target))
     if spec is None:
         return code
@@ -834,10 +1089,26 @@ def _id_rows(text: str, what: str) -> list[list[int]]:
     try:
         out = [[int(x) for x in r.split(",") if x] for r in rows]
     except ValueError:
-        raise _Usage(f"{what}: `{text}` is not a comma-separated list of ids") from None
+        raise _Usage(f"{what}: `{_short(text)}` is not a comma-separated list of ids") \
+            from None
     if not out or not out[0] or any(len(r) != len(out[0]) for r in out):
         raise _Usage(f"{what}: give ids, and sequences of equal lengths")
+    bad = next((x for r in out for x in r if not 0 <= x < INT64), None)
+    if bad is not None:
+        raise _Usage(f"{what}: {_short(str(bad))} is not an id (ids are 0-based, below 2^63)")
     return out
+
+
+def _check_int64(text: str | None, what: str) -> None:
+    """Token ids must fit the int64 tensor they go into (the runtime checks the rest
+    against the model: ranges, lengths)."""
+    for item in (text or "").replace(" ", "").replace(";", ",").split(","):
+        try:
+            value = int(item)
+        except ValueError:
+            continue  # a real number, or not a number: the runtime says which
+        if not -INT64 <= value < INT64:
+            raise _Usage(f"{what}: {_short(item)} does not fit a 64-bit integer")
 
 
 def _generate_dir(folder, args, prompt, stop, inputs) -> int:

@@ -5,17 +5,31 @@
                           weights="gpt2.safetensors")
     result = compile_spec("specs/gpt2.fgpt", "out/", target="onnx", optimize="ort")
 
-Files are written to a temporary name in the output folder and renamed into place, so a
-failure never leaves half a file behind.
+The output folder changes as one unit (`OutputFolder`): every file is written into a
+private staging folder first, and only when all of them are complete are they renamed into
+place, under a lock on the folder, with fgc's outputs of an earlier compile that this one
+does not write removed. A refused, failed or interrupted compile (Ctrl-C, SIGTERM, a full
+disk) leaves the folder as it was and no temporaries; two compiles into one folder leave
+one compile's files, never a mix; a folder that did not exist is created only on success.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from runtime.files import (
+    atomic_write,
+    fsync_dir,
+    interrupts_as_exceptions,
+    open_atomic,
+    umask_mode,
+)
 
 from .errors import FgcError
 from .pipeline import load
@@ -28,47 +42,172 @@ class Compiled:
     ignored: list[str] = field(default_factory=list)
     extras: list[str] = field(default_factory=list)
     total: int = 0
+    warnings: list[str] = field(default_factory=list)  # NaN/Inf in the checkpoint
+
+
+OUTPUTS = ("model.py", "weights.safetensors", "model.onnx", "model.onnx.data")
+# what fgc before 0.2 wrote beside a model: onnxruntime's optimised graphs and their stamp
+# (now in the user's cache, see runtime/session.py); stale once the model changes
+LEGACY = tuple(f"model.{tag}.opt.onnx{data}" for tag in ("cpu", "cuda", "tensorrt")
+               for data in ("", ".data")) + (".fgc-session-cache.json",)
+STAGE = ".fgc-stage-"
 
 
 def prepare_output(out_dir: str) -> Path:
-    """The output folder, created if needed; refuses a symlink or an unwritable folder."""
+    """Check that `out_dir` can become fgc's output folder, without creating anything:
+    refuses a symlink, a file, an empty name and a folder fgc cannot write. Returns it."""
+    if not out_dir or not out_dir.strip():
+        raise FgcError("the output folder is an empty name; give -o DIR", None)
+    if "\0" in out_dir:
+        raise FgcError("the output folder's name holds a NUL character", None)
     p = Path(out_dir)
     if p.is_symlink():
         raise FgcError(f"output folder {out_dir} is a symbolic link; give a real folder", None)
-    if p.exists() and not p.is_dir():
-        raise FgcError(f"output path {out_dir} exists and is not a folder", None)
-    try:
-        p.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise FgcError(f"cannot create output folder {out_dir}: {e.strerror or e}", None) from None
-    if not os.access(p, os.W_OK | os.X_OK):
-        raise FgcError(f"output folder {out_dir} is not writable", None)
+    if p.exists():
+        if not p.is_dir():
+            raise FgcError(f"output path {out_dir} exists and is not a folder", None)
+        if not os.access(p, os.W_OK | os.X_OK):
+            raise FgcError(f"output folder {out_dir} is not writable", None)
+        return p
+    ancestor = _existing_ancestor(p)
+    if not ancestor.is_dir():
+        raise FgcError(f"cannot create output folder {out_dir}: {ancestor} is not a folder",
+                       None)
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise FgcError(f"cannot create output folder {out_dir}: {ancestor} is not writable",
+                       None)
     return p
 
 
-def readable(path: str) -> None:
-    """Temporary files are created 0600; what fgc writes is read by others as usual."""
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(path, 0o666 & ~umask)
+def _existing_ancestor(p: Path) -> Path:
+    p = Path(os.path.abspath(p))
+    while not p.exists() and not p.is_symlink() and p != p.parent:
+        p = p.parent
+    return p
+
+
+class OutputFolder:
+    """`-o DIR` as one unit: files are written into `self.stage`, then `commit` moves them
+    into DIR together. Use as a context manager; leaving it without `commit` (an error, an
+    interrupt) removes the staging folder and leaves DIR untouched.
+
+        with OutputFolder("out/") as out:
+            write_something(out.stage / "model.py")
+            files = out.commit(["model.py"])
+    """
+
+    def __init__(self, out_dir: str):
+        self.path = prepare_output(out_dir)
+        self.stage: Path | None = None
+        self._stage_fd: int | None = None
+        self._signals = None
+
+    def __enter__(self) -> OutputFolder:
+        self._signals = interrupts_as_exceptions()
+        self._signals.__enter__()
+        try:
+            if self.path.is_dir():
+                where, prefix = self.path, STAGE
+            else:
+                where, prefix = _existing_ancestor(self.path), f".{self.path.name}{STAGE}"
+            try:
+                self.stage = Path(tempfile.mkdtemp(dir=where, prefix=prefix))
+            except OSError as e:
+                raise FgcError(f"cannot write in {where}: {e.strerror or e}", None) from None
+            # held for the compile's life: another fgc knows a stage it cannot lock is live
+            self._stage_fd = _lock(self.stage, blocking=True)
+        except BaseException:
+            self._signals.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, kind, error, tb) -> None:
+        try:
+            self._discard()
+        finally:
+            self._signals.__exit__(kind, error, tb)
+        if isinstance(error, OSError):  # a full disk, a quota, a file too large
+            raise FgcError(f"cannot write {self.path}: {error.strerror or error}; the folder "
+                           "is as it was", None) from None
+
+    def _discard(self) -> None:
+        if self._stage_fd is not None:
+            os.close(self._stage_fd)
+            self._stage_fd = None
+        if self.stage is not None:
+            shutil.rmtree(self.stage, ignore_errors=True)
+            self.stage = None
+
+    def commit(self, names: list[str]) -> list[Path]:
+        """Move the staged `names` into the output folder, in order (a data file before the
+        graph that points into it), remove fgc's other outputs there, and return the paths."""
+        out = self.path
+        if not out.exists() and not out.is_symlink():
+            out.parent.mkdir(parents=True, exist_ok=True)
+            os.chmod(self.stage, umask_mode(0o777))
+            try:
+                os.rename(self.stage, out)  # fails if another compile made DIR meanwhile
+            except OSError:
+                pass
+            else:
+                self.stage = None
+                fsync_dir(out.parent)
+                return [out / name for name in names]
+        try:
+            dir_fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError as e:
+            raise FgcError(f"cannot write output folder {out}: {e.strerror or e}", None) \
+                from None
+        try:
+            fcntl.flock(dir_fd, fcntl.LOCK_EX)  # one commit at a time in one folder
+            for name in names:
+                os.replace(self.stage / name, name, dst_dir_fd=dir_fd)
+            for name in OUTPUTS + LEGACY:
+                if name not in names:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(name, dir_fd=dir_fd)
+            os.fsync(dir_fd)
+            _remove_dead_stages(out, STAGE, keep=self.stage)
+        finally:
+            os.close(dir_fd)  # closing releases the lock
+        self._discard()
+        return [out / name for name in names]
+
+
+def _lock(path: Path, blocking: bool) -> int | None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _remove_dead_stages(folder: Path, prefix: str, keep: Path | None) -> None:
+    """Staging folders of compiles that were killed (SIGKILL, power loss): nobody holds
+    their lock any more."""
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(folder):
+            path = Path(entry.path)
+            if not entry.name.startswith(prefix) or path == keep or \
+                    not entry.is_dir(follow_symlinks=False):
+                continue
+            fd = _lock(path, blocking=False)
+            if fd is not None:
+                shutil.rmtree(path, ignore_errors=True)
+                os.close(fd)
 
 
 def write_text(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        readable(tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    atomic_write(path, text)
 
 
 def compile_spec(spec_path: str, out_dir: str, target: str = "torch", preset: str | None = None,
                  sets: dict | None = None, weights: str | None = None, *,
                  opset: int | None = None, optimize: str | None = None,
-                 external_data: bool = False, seed: int = 0, kv_cache: bool = False) -> Compiled:
+                 external_data: bool = False, seed: int = 0, kv_cache: bool = False,
+                 strict: bool = False) -> Compiled:
     """Check a spec, then write the target's files; raises FgcError on any problem.
 
     torch: `model.py` (+ `weights.safetensors` with `weights`). onnx: `model.onnx` (+
@@ -76,7 +215,8 @@ def compile_spec(spec_path: str, out_dir: str, target: str = "torch", preset: st
     23), `optimize="ort"` for onnxruntime's fused operators, `seed` for the random
     initialisation used without `weights`, `kv_cache` for the incremental form (past
     keys and values in, present ones out: see compiler/incremental.py); the torch
-    module of an autoregressive spec always has it, as `step()`."""
+    module of an autoregressive spec always has it, as `step()`. Checkpoint tensors
+    holding NaN or Inf are named in `Compiled.warnings`; with `strict`, they are an error."""
     if target not in ("torch", "onnx"):
         raise FgcError(f"unknown target `{target}` (targets: torch, onnx)", None)
     spec = load(spec_path)
@@ -89,12 +229,16 @@ def compile_spec(spec_path: str, out_dir: str, target: str = "torch", preset: st
         raise FgcError(f"`{spec.model.name}` has no preset `{preset}` (presets: "
                        f"{', '.join(spec.presets()) or 'none'})", None)
     cfg = spec.configure(preset, sets or {})
+    from .budget import check_budget
+    check_budget(spec, cfg, target, kv_cache)  # refuse what cannot finish, before any work
     if target == "onnx":
+        prepare_output(out_dir)
         return _compile_onnx(spec, cfg, preset, out_dir, weights, opset, optimize,
-                             external_data, seed, kv_cache)
+                             external_data, seed, kv_cache, strict)
     if opset is not None or optimize is not None or external_data or kv_cache:
         raise FgcError("--opset, --optimize, --external-data and --kv-cache are for --target "
                        "onnx (the torch module has step())", None)
+    prepare_output(out_dir)  # refuse an unusable folder before the work, create it after
     from .backends.torch.codegen import Generator, Unsupported
     try:
         source = Generator(spec, spec.symbolic(), cfg.values, spec.sources, preset).generate()
@@ -105,14 +249,17 @@ def compile_spec(spec_path: str, out_dir: str, target: str = "torch", preset: st
     if weights is not None:
         from .weights import import_checkpoint
         imported = import_checkpoint(cfg, spec.model.checkpoint, weights)
-    out = prepare_output(out_dir)
-    files = [out / "model.py"]
-    write_text(files[0], source)
-    result = Compiled(out, files, total=cfg.total)
+    warnings = _nonfinite(imported, weights, strict)
+    with OutputFolder(out_dir) as out:
+        names = []
+        if imported is not None:
+            from .weights import write_safetensors
+            write_safetensors(imported.tensors, out.stage / "weights.safetensors")
+            names.append("weights.safetensors")
+        write_text(out.stage / "model.py", source)
+        names.append("model.py")
+        result = Compiled(out.path, out.commit(names), total=cfg.total, warnings=warnings)
     if imported is not None:
-        from .weights import write_safetensors
-        write_safetensors(imported.tensors, out / "weights.safetensors")
-        files.append(out / "weights.safetensors")
         result.ignored, result.extras = imported.ignored, imported.extras
     return result
 
@@ -138,20 +285,31 @@ def _gib(n: int) -> str:
     return f"{n / 2**30:,.1f} GiB"
 
 
+def _nonfinite(imported, weights: str | None, strict: bool) -> list[str]:
+    """The checkpoint's tensors that hold NaN or Inf: a warning, or with `strict` an error."""
+    if imported is None or not imported.nonfinite:
+        return []
+    from .weights import nonfinite_message
+    message = nonfinite_message(imported.nonfinite, weights)
+    if strict:
+        raise FgcError(message, None, "fix or drop these tensors, or compile without --strict")
+    return [message]
+
+
 def _compile_onnx(spec, cfg, preset, out_dir, weights, opset, optimize, external_data,
-                  seed, kv_cache=False) -> Compiled:
+                  seed, kv_cache=False, strict=False) -> Compiled:
     from .backends.onnx.graph import PROTOBUF_LIMIT
     from .backends.onnx.lower import DEFAULT_OPSET, Lowerer, Unsupported
     if optimize not in (None, "none", "ort"):
         raise FgcError(f"unknown --optimize `{optimize}` (choose ort)", None)
-    out = prepare_output(out_dir)
-    _check_room(cfg.total, out)
+    _check_room(cfg.total, _existing_ancestor(prepare_output(out_dir)))
     imported = None
     if weights is not None:
         from .weights import import_checkpoint, onnx_key
         imported = import_checkpoint(cfg, spec.model.checkpoint, weights, key=onnx_key)
+    warnings = _nonfinite(imported, weights, strict)
     external = external_data or 4 * cfg.total > PROTOBUF_LIMIT - 2**26  # room for the graph
-    from .progress import note
+    from runtime.progress import note
     note(f"lowering {cfg.model.name} ({cfg.total:,} parameters) to ONNX"
          + ("" if imported else f", random weights (seed {seed})"))
     try:
@@ -163,8 +321,8 @@ def _compile_onnx(spec, cfg, preset, out_dir, weights, opset, optimize, external
     except Unsupported as e:
         raise FgcError(f"the ONNX backend cannot lower this spec: {e}", spec.model.span) \
             from None
-    files = write_onnx(model, blobs, out, external)
-    result = Compiled(out, files, total=cfg.total)
+    files = write_onnx(model, blobs, out_dir, external)
+    result = Compiled(Path(out_dir), files, total=cfg.total, warnings=warnings)
     if imported is not None:
         result.ignored, result.extras = imported.ignored, imported.extras
     return result
@@ -173,30 +331,21 @@ def _compile_onnx(spec, cfg, preset, out_dir, weights, opset, optimize, external
 DATA_FILE = "model.onnx.data"
 
 
-def write_onnx(model, blobs: list, out: Path, external: bool) -> list[Path]:
-    """model.onnx (and model.onnx.data) written in a temporary folder inside `out`, then
-    renamed into place; a stale data file from an earlier compile is removed."""
-    from .backends.onnx.graph import write_data, write_model
-    from .progress import Progress, ProgressFile
-    tmp = Path(tempfile.mkdtemp(dir=out, prefix=".fgc-"))
-    progress = Progress(f"writing {out}", sum(arr.nbytes for _, arr in blobs))
-    try:
-        files = []
-        with open(tmp / "model.onnx", "wb") as f:
-            write_model(ProgressFile(f, progress), model, [] if external else blobs)
-        files.append("model.onnx")
-        if external:
-            with open(tmp / DATA_FILE, "wb") as f:
-                write_data(ProgressFile(f, progress), blobs)
-            files.append(DATA_FILE)
-        progress.close()
-        for name in files:
-            readable(str(tmp / name))
-        for name in reversed(files):  # the data file first: model.onnx never points nowhere
-            os.replace(tmp / name, out / name)
-        if not external and (out / DATA_FILE).is_file():
-            (out / DATA_FILE).unlink()
-        return [out / name for name in files]
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+def write_onnx(model, blobs: list, out_dir: str | Path, external: bool) -> list[Path]:
+    """model.onnx (and model.onnx.data) into `out_dir` as one unit (`OutputFolder`): a data
+    file of an earlier compile that this one does not write is removed."""
+    from runtime.progress import Progress, ProgressFile
 
+    from .backends.onnx.graph import write_data, write_model
+    with OutputFolder(str(out_dir)) as out:
+        progress = Progress(f"writing {out.path}", sum(arr.nbytes for _, arr in blobs))
+        names = []
+        if external:
+            with open_atomic(out.stage / DATA_FILE) as f:
+                write_data(ProgressFile(f, progress), blobs)
+            names.append(DATA_FILE)
+        with open_atomic(out.stage / "model.onnx") as f:
+            write_model(ProgressFile(f, progress), model, [] if external else blobs)
+        names.append("model.onnx")
+        progress.close()
+        return out.commit(names)

@@ -106,6 +106,8 @@ def _count_block(eqns: list[Eqn], functions, entries: list[Entry], loop: ir.Loop
             layers = Poly.const(1)
         else:
             layers = _layers_where(loop, e.guards, layer_env)
+            if layers == Poly():  # used only in layers that do not exist (even l, L = 1)
+                continue
         members = e.family[1] if e.family is not None else Poly.const(1)
         _instance(functions, e.attrs["module"], e.attrs["bindings"], (inst,), layers, members,
                   loop is not None, shared, e.guards, entries)

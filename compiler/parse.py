@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import functools
-import hashlib
-import os
-import pickle
-import tempfile
+import re
 from fractions import Fraction
 from pathlib import Path
 
@@ -19,6 +15,9 @@ MAX_DEPTH = 400  # depth of one expression's tree; deeper input is rejected, not
 MAX_NUMBER_DIGITS = 40
 
 _SUFFIX = {"K": 10**3, "M": 10**6, "B": 10**9, "T": 10**12}
+MAX_MAGNITUDE = 10**300  # floats end near 1.8e308; no size or constant comes near this
+_MISPLACED_UNDERSCORE = re.compile(r"(?<![0-9])_|_(?![0-9])")
+_UNDERSCORES = re.compile(r"_+")
 
 # How expected terminals read in a message.
 _TERMINAL_TEXT = {
@@ -34,62 +33,33 @@ _TERMINAL_TEXT = {
 def parse_text(text: str, filename: str) -> S.File:
     """Parse one file; raises FgcError with a located diagnostic on any failure.
 
-    Parsed files are cached on disk by name and content, as Python caches bytecode: a spec
-    already seen parses without importing Lark at all."""
-    key = _cache_key(text, filename)
-    path = _cache_dir() / f"parse-{key}.pickle"
-    try:
-        with open(path, "rb") as f:
-            return pickle.load(f)
-    except Exception:  # noqa: BLE001 - a missing or unreadable entry is rebuilt
-        pass
+    Parsed files are cached on disk by name and content (compiler/cache.py, JSON read back
+    against the syntax tree's types), as Python caches bytecode: a spec already seen parses
+    without importing Lark at all."""
+    from . import cache
+    tree = cache.load_tree(text, filename)
+    if tree is not None:
+        return tree
     from .parse_tree import parse_uncached
     tree = parse_uncached(text, filename)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-        with os.fdopen(fd, "wb") as f:
-            pickle.dump(tree, f, protocol=pickle.HIGHEST_PROTOCOL)
-        os.replace(tmp, path)
-        _prune(path.parent)
-    except OSError:
-        pass
+    cache.store_tree(text, filename, tree)
     return tree
 
 
-CACHE_ENTRIES = 512
-
-
-def _prune(folder: Path) -> None:
-    """Keep the cache small: past CACHE_ENTRIES files, drop the least recently used quarter."""
-    entries = list(folder.glob("parse-*.pickle"))
-    if len(entries) <= CACHE_ENTRIES:
-        return
-    entries.sort(key=lambda p: p.stat().st_atime)
-    for old in entries[: len(entries) // 4]:
-        old.unlink(missing_ok=True)
-
-
-def _cache_dir() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fgc"
-
-
-@functools.lru_cache(maxsize=1)
-def _code_version() -> bytes:
-    here = Path(__file__).parent
-    return b"".join((here / f).read_bytes() for f in ("grammar.lark", "parse.py",
-                                                      "parse_tree.py", "syntax.py"))
-
-
-def _cache_key(text: str, filename: str) -> str:
-    h = hashlib.sha256(_code_version())
-    h.update(filename.encode("utf-8", "surrogatepass") + b"\0")
-    h.update(text.encode("utf-8", "surrogatepass"))
-    return h.hexdigest()[:24]
-
-
 def parse_number(tok, filename: str) -> Fraction:
-    text = str(tok).replace("_", "")
+    """The exact value of a number token (`768`, `10_000`, `1e-5`, `1.3B`); FgcError, located
+    at the token, for what the grammar's patterns let through but is not a number: an `_`
+    that is not between two digits (`1_`, `1__0`), more than MAX_NUMBER_DIGITS digits, or a
+    magnitude past MAX_MAGNITUDE (beyond that a float overflows). `--set` passes its text
+    here too, so other malformed text raises ValueError (or FgcError)."""
+    raw = str(tok)
+    span = Span(filename, tok.line, tok.column, tok.end_line, tok.end_column)
+    shown = f"{raw[:20]}{'…' if len(raw) > 20 else ''}"
+    if _MISPLACED_UNDERSCORE.search(raw):
+        raise FgcError(f"malformed number `{shown}`: `_` goes between two digits", span,
+                       f"write `{_UNDERSCORES.sub('_', raw).strip('_')}`"
+                       if raw.strip("_") else None)
+    text = raw.replace("_", "")
     scale = 1
     if text[-1] in _SUFFIX:
         scale = _SUFFIX[text[-1]]
@@ -100,9 +70,12 @@ def parse_number(tok, filename: str) -> Fraction:
         if marker in text:
             exponent = int(text.split(marker)[1])
     if digits > MAX_NUMBER_DIGITS or abs(exponent) > 300:
-        raise FgcError(f"number too large: {str(tok)[:20]}{'…' if len(tok) > 20 else ''}",
-                       Span(filename, tok.line, tok.column, tok.end_line, tok.end_column),
+        raise FgcError(f"number too large: {shown}", span,
                        f"fgc accepts at most {MAX_NUMBER_DIGITS} digits")
-    return Fraction(text) * scale
+    value = Fraction(text) * scale
+    if abs(value) > MAX_MAGNITUDE:
+        raise FgcError(f"number too large: {shown}", span,
+                       "fgc accepts numbers up to 1e300")
+    return value
 
 

@@ -12,12 +12,16 @@ from . import syntax as S
 from .errors import FgcError, Span
 from .parse import _TERMINAL_TEXT, GRAMMAR, MAX_DEPTH, parse_number
 
+_MAX_STEP_ARG = 2**31  # a checkpoint step's axis or count (`split(2, 3, 1)`)
+
 
 @functools.lru_cache(maxsize=1)
 def parser() -> lark.Lark:
-    # cache=True keeps the LALR tables on disk: building them costs more than parsing a spec.
-    return lark.Lark(GRAMMAR.read_text(), parser="lalr", propagate_positions=True,
-                     maybe_placeholders=True, cache=True)
+    # The LALR tables are kept in fgc's own cache as JSON (Lark's own disk cache would unpickle
+    # a file from the shared temporary folder): building them costs more than parsing a spec.
+    from .cache import load_grammar
+    return load_grammar(GRAMMAR.read_text(), dict(parser="lalr", propagate_positions=True,
+                                                  maybe_placeholders=True))
 
 
 def _describe_expected(expected: set[str]) -> str:
@@ -210,8 +214,19 @@ class _ToSyntax(Transformer):
 
     @v_args(meta=True)
     def ckpt_step(self, meta, children):
-        return S.CkptStep(self._span(meta), str(children[0]),
-                          [int(str(c)) for c in children[1:] if c is not None])
+        # INT tokens read as everywhere else (`3K`, `1_0`; `1_` is a located error), and an
+        # axis or a count past any tensor's rank or size is refused here, where it is written
+        args = []
+        for c in children[1:]:
+            if c is None:
+                continue
+            value = parse_number(c, self.filename)
+            if value > _MAX_STEP_ARG:
+                raise FgcError(f"`{str(children[0])}` takes axes and counts; {c} is too large",
+                               self._tspan(c), f"checkpoint steps take numbers up to "
+                               f"{_MAX_STEP_ARG:,}")
+            args.append(int(value))
+        return S.CkptStep(self._span(meta), str(children[0]), args)
 
     def hyper_stmt(self, children):
         return ("hyper", children)

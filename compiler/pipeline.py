@@ -8,6 +8,7 @@ Nothing here imports torch or onnx.
 from __future__ import annotations
 
 import functools
+import os
 import re
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -18,7 +19,15 @@ from . import syntax as S
 from .errors import Diagnostic, FgcError, Sources, Span
 from .params import Count, as_int, count, formula
 from .parse import parse_number, parse_text
-from .shapes import Elaborator, Hypers, ModelElaborator, Statics, _show_expr
+from .shapes import (
+    Conditions,
+    Elaborator,
+    Hypers,
+    ModelElaborator,
+    Statics,
+    _names_in,
+    _show_expr,
+)
 from .symbolic import Poly, format_int, format_poly, human
 
 STDLIB = Path(__file__).parent / "stdlib" / "stdlib.fgpt"
@@ -33,18 +42,23 @@ def _stdlib() -> tuple[str, S.File]:
 
 
 def read_source(path: str) -> str:
-    """Read a spec as UTF-8, or fail with a located diagnostic."""
-    p = Path(path)
+    """Read a spec as UTF-8, or fail with a located diagnostic. Only a regular file is read
+    (a FIFO or a device is refused without waiting on it), and never more than
+    MAX_FILE_BYTES of it."""
+    from runtime.files import FileError, read_regular
     try:
-        if p.is_dir():
-            raise FgcError(f"{path} is a directory", None)
-        size = p.stat().st_size
-        if size > MAX_FILE_BYTES:
-            raise FgcError(f"{path} is {size:,} bytes; specs are limited to "
-                           f"{MAX_FILE_BYTES:,}", Span(path, 1, 1))
-        data = p.read_bytes()
-    except FgcError:
-        raise
+        data = read_regular(path, MAX_FILE_BYTES)
+    except FileError as e:
+        if e.errno == 21:  # a folder
+            raise FgcError(f"{path} is a directory", None) from None
+        if e.errno == 27:  # too big
+            try:
+                size = f"{os.stat(path).st_size:,} bytes"
+            except OSError:
+                size = f"larger than {MAX_FILE_BYTES:,} bytes"
+            raise FgcError(f"{path} is {size}; specs are limited to {MAX_FILE_BYTES:,}",
+                           Span(path, 1, 1)) from None
+        raise FgcError(f"{path}: {e.strerror}", None) from None
     except OSError as e:
         raise FgcError(f"cannot read {path}: {e.strerror or e}", None) from None
     try:
@@ -74,12 +88,19 @@ class Config:
         return as_int(self.count.total())
 
 
+SUBSTITUTE = True  # presets checked by substitution where they can be (tests compare)
+
+
 @dataclass
 class Spec:
     path: str
     sources: Sources
     file: S.File
     modules: dict[str, S.Module]
+    # generic module IR from clean elaborations, shared by the numeric ones
+    _functions: dict[str, ir.Function] = field(default_factory=dict, repr=False)
+    # configurations already elaborated, by their hyperparameter values (see `configure`)
+    _configured: dict[tuple, tuple] = field(default_factory=dict, repr=False)
 
     @property
     def model(self) -> S.Model:
@@ -87,6 +108,10 @@ class Spec:
 
     # ------------------------------------------------------------ hyperparameters
     def _classify(self, m: S.Model):
+        """(free, derived): hyperparameters with a number or nothing as their default, and
+        those defined from others, each by name."""
+        if m is self.model and getattr(self, "_classes", None) is not None:
+            return self._classes  # asked once per preset
         free: dict[str, S.HyperDecl] = {}
         derived: dict[str, S.HyperDecl] = {}
         seen: set[str] = set()
@@ -98,7 +123,20 @@ class Spec:
                 free[h.name] = h
             else:
                 derived[h.name] = h
+        if m is self.model:
+            self._classes = free, derived
         return free, derived
+
+    def _derived_order(self) -> list[tuple[str, S.HyperDecl, list[str]]]:
+        """The derived hyperparameters, each after those it uses, with the derived ones it
+        uses: (name, declaration, uses)."""
+        if getattr(self, "_derivation", None) is None:
+            _, derived = self._classify(self.model)
+            deps = {name: [n for n in dict.fromkeys(_names_in(h.default)) if n in derived]
+                    for name, h in derived.items()}
+            self._derivation = [(name, derived[name], deps[name])
+                                for name in _dependency_order(deps)]
+        return self._derivation
 
     def symbolic_hypers(self, m: S.Model) -> Hypers:
         free, derived = self._classify(m)
@@ -136,16 +174,15 @@ class Spec:
             if h.default is not None:
                 given[name] = _literal(h.default)
         if preset is not None:
-            statics = Statics({}, self.path)
+            statics = Statics(given, self.path)
             for name, expr, span in preset.assigns:
                 if name not in free and name not in derived:
                     raise FgcError(f"preset `{preset.name}` sets `{name}`, which is not a "
                                    "hyperparameter", span,
                                    _suggest_names(name, list(free) + list(derived)))
-                if name in given and name in {a[0] for a in preset.assigns[
-                        :preset.assigns.index((name, expr, span))]}:
+                if name in spans:
                     raise FgcError(f"preset `{preset.name}` sets `{name}` twice", span)
-                given[name] = statics.eval(expr, dict(given))
+                given[name] = statics.eval(expr)
                 spans[name] = span
         for name, value in sets.items():
             if isinstance(value, (int, Fraction)) and not isinstance(value, bool):
@@ -155,38 +192,41 @@ class Spec:
             else:
                 raise FgcError(f"{name} = {value!r} is not a number", None)
         values: dict[str, Poly | float] = dict(given)
-        # derived values, in dependency order; an explicit value wins but is compared
-        pending = dict(derived)
-        for _ in range(len(pending) + 1):
-            progressed = False
-            for name, h in list(pending.items()):
-                try:
-                    v = Statics({k: values[k] for k in values}, self.path).eval(h.default)
-                except FgcError:
-                    continue
-                if isinstance(v, Poly) and not v.is_const():
-                    continue
-                del pending[name]
-                progressed = True
-                if name in given:
-                    if _differs(given[name], v):
-                        warnings.append(Diagnostic(
-                            "warning",
-                            f"{label} sets {name} = {_show(given[name])}, but {name} = "
-                            f"{_show_expr(h.default)} gives {_show(v)}",
-                            spans.get(name, h.span),
-                            "the explicit value is used"))
-                else:
-                    values[name] = v
-            if not progressed:
-                break
+        # derived values, in dependency order, each evaluated once (trying them all until
+        # none progresses took cubic time on a long chain); an explicit value wins but is
+        # compared
+        statics = Statics(values, self.path)
+        pending: dict[str, S.HyperDecl] = {}
+        for name, h, uses in self._derived_order():
+            if any(d in pending and d not in values for d in uses):
+                pending[name] = h  # waits on a value that has none
+                continue
+            try:
+                v = statics.eval(h.default)
+            except FgcError:
+                pending[name] = h
+                continue
+            if isinstance(v, Poly) and not v.is_const():
+                pending[name] = h
+                continue
+            if name in given:
+                if _differs(given[name], v):
+                    warnings.append(Diagnostic(
+                        "warning",
+                        f"{label} sets {name} = {_show(given[name])}, but {name} = "
+                        f"{_show_expr(h.default)} gives {_show(v)}",
+                        spans.get(name, h.span),
+                        "the explicit value is used"))
+            else:
+                values[name] = v
         for h in pending.values():
             if all(n in values for n in _names(h.default)):
-                Statics(dict(values), self.path).eval(h.default)  # raises the real reason
+                statics.eval(h.default)  # raises the real reason
         missing = [h for h in m.hypers if h.name not in values]
         if missing:
             where = preset.span if preset is not None else m.span
-            names = ", ".join(h.name for h in missing)
+            names = ", ".join(h.name for h in missing[:10]) + (
+                f" and {len(missing) - 10:,} more" if len(missing) > 10 else "")
             raise FgcError(f"{label} leaves {names} without a value", where,
                            "set it in the preset, give it a default, or pass --set "
                            f"{missing[0].name}=...")
@@ -201,9 +241,16 @@ class Spec:
     # ------------------------------------------------------------ elaboration
     def elaborate(self, hypers: Hypers) -> tuple[ir.Model, Elaborator]:
         top = Elaborator(self.modules, self.path)
+        if hypers.numeric:
+            # Module bodies are elaborated generically, whatever the sizes, so one clean
+            # elaboration serves every configuration; re-doing it per preset made a file of
+            # 9,000 presets take a minute. The symbolic pass always starts afresh: its
+            # warnings (lint inside modules) are collected there.
+            top.functions.update(self._functions)
         model = ModelElaborator(top, self.model, hypers).run()
         if top.diagnostics:
             raise FgcError.many(_dedupe(top.diagnostics))
+        self._functions.update((k, f) for k, f in top.functions.items() if "\0" not in k)
         return model, top
 
     def check_modules(self) -> list[Diagnostic]:
@@ -260,21 +307,22 @@ class Spec:
         return (out & {h.name for h in self.model.hypers}) - reals
 
     def _check_sizes(self, hypers: Hypers, preset: S.Preset | None, label: str) -> None:
-        m = self.model
+        """Every hyperparameter that sizes something is a positive whole number."""
+        if getattr(self, "_sized", None) is None:  # in the order of declaration
+            self._sized = [h for h in self.model.hypers if h.name in self.size_symbols()]
         spans = {name: span for name, _, span in preset.assigns} if preset else {}
-        decls = {h.name: h for h in m.hypers}
         diags = []
         bad: set[str] = set()
-        for name in sorted(self.size_symbols(), key=[h.name for h in m.hypers].index):
+        for h in self._sized:
+            name = h.name
             v = hypers.values.get(name)
-            span = spans.get(name) or decls[name].span
-            h = decls[name]
-            if h.default is not None and not _is_literal(h.default) and name not in spans \
-                    and _names(h.default) & bad:
+            if bad and h.default is not None and not _is_literal(h.default) \
+                    and name not in spans and _names(h.default) & bad:
                 continue  # follows from a value already reported
-            bad.add(name)
             if isinstance(v, Poly) and v.const_value() > 0 and v.const_value().denominator == 1:
-                bad.discard(name)
+                continue
+            bad.add(name)
+            span = spans.get(name) or h.span
             if isinstance(v, float):
                 diags.append(Diagnostic("error", f"{name} = {v} sizes a tensor but is not a "
                                         f"whole number ({label})", span))
@@ -304,6 +352,7 @@ class Spec:
 
     def _symbolic_config(self) -> Config:
         hypers = self.symbolic_hypers(self.model)
+        hypers.conditions = Conditions(frozenset(hypers.values))
         model, top = self.elaborate(hypers)
         c = count(model, top.functions, None)
         lint = list(top.warnings)
@@ -321,23 +370,95 @@ class Spec:
     def configure(self, preset: str | None = None,
                   sets: dict[str, Fraction | float] | None = None) -> Config:
         """Elaborate and count one configuration; raises FgcError on any problem."""
-        m = self.model
+        hypers, warnings = self._checked_values(preset, sets)
+        model, functions, c = self._elaborate_numeric(hypers)
+        cfg = Config(preset or "defaults", hypers.values, model, c, warnings)
+        cfg.functions = functions  # type: ignore[attr-defined]
+        return cfg
+
+    def _checked_values(self, preset: str | None, sets: dict[str, Fraction | float] | None
+                        ) -> tuple[Hypers, list[Diagnostic]]:
+        """A configuration's hyperparameter values, each size checked, and its warnings."""
         p = None
         if preset is not None:
-            p = next((x for x in m.presets if x.name == preset), None)
+            p = self._presets_by_name().get(preset)
             if p is None:
                 raise LookupError(preset)
         label = f"preset `{preset}`" if preset else "the defaults"
         if sets:
             label += " with " + ", ".join(f"{k}={_show_value(v)}" for k, v in sets.items())
-        hypers, warnings = self.numeric_hypers(m, p, sets or {}, label)
+        hypers, warnings = self.numeric_hypers(self.model, p, sets or {}, label)
         self._check_sizes(hypers, p, label)
-        model, top = self.elaborate(hypers)
-        env = {k: v.const_value() for k, v in hypers.values.items() if isinstance(v, Poly)}
-        c = count(model, top.functions, env)
-        cfg = Config(preset or "defaults", hypers.values, model, c, warnings)
-        cfg.functions = top.functions  # type: ignore[attr-defined]
-        return cfg
+        return hypers, warnings
+
+    def _elaborate_numeric(self, hypers: Hypers) -> tuple[ir.Model, dict, Count]:
+        """The IR, the module functions and the count of checked numeric values."""
+        # Presets with the same values elaborate to the same IR; only a clean result is
+        # kept, as an error's message names the configuration it came from.
+        key = _values_key(hypers.values)
+        if key is not None and key in self._configured:
+            model, functions, c = self._configured[key]
+        else:
+            model, top = self.elaborate(hypers)
+            env = {k: v.const_value() for k, v in hypers.values.items() if isinstance(v, Poly)}
+            functions = top.functions
+            c = count(model, functions, env)
+            if key is not None:
+                self._configured[key] = (model, functions, c)
+        return model, functions, c
+
+    def _total_by_substitution(self, hypers: Hypers) -> int | None:
+        """A configuration's parameter count without elaborating it, or None.
+
+        When the values pass every check the symbolic elaboration recorded (`Conditions`),
+        and give each derived hyperparameter the value its definition does, elaborating
+        them would give the symbolic model with the values put in and no error; their
+        count is then the symbolic count's formula evaluated at them."""
+        formula = self._count_formula()
+        if formula is None:
+            return None
+        symbolic: Hypers = self.symbolic().hypers  # type: ignore[attr-defined]
+        env: dict[str, int | Fraction] = {}
+        for name, value in hypers.values.items():
+            was = symbolic.values.get(name)
+            if isinstance(was, float) or name in symbolic.reals:
+                if not (isinstance(value, float) and (value == was or name in symbolic.reals)):
+                    return None  # a real number elaborates as one: only the same one
+            elif not isinstance(value, Poly):
+                return None
+            else:
+                c = value.const_value()
+                env[name] = c.numerator if c.denominator == 1 else c
+        try:
+            if any(definition.evaluate(env) != env[name]
+                   for name, definition in symbolic.derived.items()):
+                return None  # an explicit value that its definition does not give
+            if not symbolic.conditions.hold(env):
+                return None
+            total = formula.evaluate(env)
+        except (KeyError, ZeroDivisionError):
+            return None
+        return total.numerator if total.denominator == 1 else None
+
+    def _count_formula(self) -> Poly | None:
+        """The symbolic parameter count, when presets can be checked by substitution into
+        it: the symbolic elaboration decided every numeric check, and the count names
+        hyperparameters only (a module used under a condition on sizes adds `[E != H]`)."""
+        if not hasattr(self, "_formula"):
+            sym = self.symbolic()
+            symbolic: Hypers = sym.hypers  # type: ignore[attr-defined]
+            total = sym.count.total()
+            decided = symbolic.conditions.undecided is None
+            self._formula = total if decided and total.symbols() <= symbolic.values.keys() \
+                else None
+        return self._formula if SUBSTITUTE else None
+
+    def _presets_by_name(self) -> dict[str, S.Preset]:
+        if getattr(self, "_by_name", None) is None:
+            self._by_name = {}
+            for p in self.model.presets:
+                self._by_name.setdefault(p.name, p)  # the first of a name, as before
+        return self._by_name
 
     def default_preset(self) -> str | None:
         """The configuration `fgc params` uses without --preset: the defaults when every
@@ -397,20 +518,25 @@ class Spec:
                 errors.append(Diagnostic("error", "a numeric expectation needs values for every "
                                          "hyperparameter", exp.span,
                                          "move it into a preset"))
+        symbolic_warnings = {x.message for x in sym.warnings}
         for name, preset in configs:
             label = f"preset `{name}`" if name else "the defaults"
             try:
-                cfg = self.configure(name)
+                numeric, found = self._checked_values(name, None)
+                total = self._total_by_substitution(numeric)
+                if total is None:
+                    counted = self._elaborate_numeric(numeric)[2]
             except FgcError as e:
                 errors.extend(e.diagnostics)
                 continue
-            warnings.extend(w for w in cfg.warnings if w.message not in
-                            {x.message for x in sym.warnings})
+            warnings.extend(w for w in found if w.message not in symbolic_warnings)
             expects = list(preset.expects) if preset else []
             if name is None:
                 expects += [x for x in self.model.expects if _is_numeric_expect(x, hypers)]
             for exp in expects:
-                d = _check_expectation(exp, cfg, label)
+                if total is None:
+                    total = as_int(counted.total())
+                d = _check_expectation(exp, total, numeric.values, label)
                 if d is not None:
                     (errors if d.severity == "error" else warnings).append(d)
         if sym.model.shared_with:
@@ -419,8 +545,23 @@ class Spec:
         return _dedupe(errors), warnings
 
 
+def _values_key(values: dict[str, Poly | float]) -> tuple | None:
+    """A hashable form of numeric hyperparameter values; None when one is not a number."""
+    out = []
+    for name in sorted(values):
+        v = values[name]
+        if isinstance(v, Poly):
+            if not v.is_const():
+                return None
+            out.append((name, v.const_value()))
+        elif isinstance(v, float) and v == v:
+            out.append((name, "float", v))
+        else:
+            return None
+    return tuple(out)
+
+
 def _names(e) -> set[str]:
-    from .shapes import _names_in
     return set(_names_in(e))
 
 
@@ -432,9 +573,9 @@ def _is_numeric_expect(x: S.Expect, hypers: Hypers) -> bool:
     return isinstance(v, Poly) and v.is_const()
 
 
-def _check_expectation(exp: S.Expect, cfg: Config, label: str) -> Diagnostic | None:
-    total = cfg.total
-    v = Statics({k: v for k, v in cfg.values.items()}, "").eval(exp.value)
+def _check_expectation(exp: S.Expect, total: int, values: dict[str, Poly | float],
+                       label: str) -> Diagnostic | None:
+    v = Statics(values, "").eval(exp.value)
     if isinstance(v, float) or not v.is_const():
         return Diagnostic("error", "expected a number of parameters", exp.span)
     expected = v.const_value()
@@ -528,22 +669,55 @@ def _suggest_names(name: str, names: list[str]) -> str | None:
 
 
 def _check_acyclic(defs: dict[str, Poly], decls: dict[str, S.HyperDecl]) -> None:
+    deps = {n: [s for s in p.symbols() if s in defs] for n, p in defs.items()}
+    state: dict[str, int] = {}  # 1: on the path being walked, 2: done
+    for root in defs:  # a walk with its own stack: a chain may be thousands long
+        if root in state:
+            continue
+        state[root] = 1
+        path = [(root, iter(deps[root]))]
+        while path:
+            node, rest = path[-1]
+            for n in rest:
+                if state.get(n) == 1:
+                    names = [x for x, _ in path]
+                    names = names[names.index(n):] + [n]
+                    if len(names) > 12:  # a long circle: its ends say where it runs
+                        names[6:-3] = [f"… ({len(names) - 9:,} more)"]
+                    cyc = " -> ".join(names)
+                    raise FgcError(f"hyperparameters are defined in a circle: {cyc}",
+                                   decls[n].span)
+                if n not in state:
+                    state[n] = 1
+                    path.append((n, iter(deps[n])))
+                    break
+            else:
+                state[node] = 2
+                path.pop()
+
+
+def _dependency_order(deps: dict[str, list[str]]) -> list[str]:
+    """The names of `deps` ({name: the names it uses}), each after those it uses, else in
+    the order given; names in a circle come in some order."""
+    order: list[str] = []
     state: dict[str, int] = {}
-
-    def visit(n: str, chain: list[str]) -> None:
-        if state.get(n) == 2:
-            return
-        if state.get(n) == 1:
-            cyc = " -> ".join(chain[chain.index(n):] + [n])
-            raise FgcError(f"hyperparameters are defined in a circle: {cyc}", decls[n].span)
-        state[n] = 1
-        for s in defs[n].symbols():
-            if s in defs:
-                visit(s, chain + [n])
-        state[n] = 2
-
-    for n in defs:
-        visit(n, [])
+    for root in deps:
+        if root in state:
+            continue
+        state[root] = 1
+        path = [(root, iter(deps[root]))]
+        while path:
+            node, rest = path[-1]
+            for n in rest:
+                if n not in state:
+                    state[n] = 1
+                    path.append((n, iter(deps[n])))
+                    break
+            else:
+                state[node] = 2
+                order.append(node)
+                path.pop()
+    return order
 
 
 def _dedupe(diags: list[Diagnostic]) -> list[Diagnostic]:

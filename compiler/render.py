@@ -16,6 +16,7 @@ from fractions import Fraction
 
 from . import ir
 from . import syntax as S
+from .errors import printable
 from .symbolic import Poly, format_poly
 
 GREEK = {"alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota",
@@ -250,6 +251,13 @@ def _escape(text: str) -> str:
     return re.sub(r"([_#%&$])", r"\\\1", text)
 
 
+def _tex_comment(text: str) -> str:
+    """Text (a file name) as the rest of a `%` comment line: a line break in it would end
+    the comment and make what follows live TeX (`\\input{...}`), so it and every other
+    control character is written as an escape."""
+    return printable(text)
+
+
 def latex(spec, cfg, stdlib: bool = False) -> str:
     """A standalone LaTeX document: the file's modules (and, with `stdlib`, the standard
     library modules its model uses), then the model's box."""
@@ -270,7 +278,7 @@ def latex(spec, cfg, stdlib: bool = False) -> str:
         r"\usepackage{amsmath,amssymb,bm}",
         r"\pagestyle{empty}",
         r"\begin{document}",
-        f"% {spec.path}, typeset by fgc render",
+        f"% {_tex_comment(spec.path)}, typeset by fgc render",
         body,
         r"\end{document}",
         "",
@@ -428,14 +436,15 @@ def markdown(spec, cfg, report: dict) -> str:
     m = spec.model
     where = f"preset `{cfg.name}`" if cfg.name not in ("defaults", "symbolic") else \
         "the defaults"
-    out = [f"# {m.name}", "", f"From `{spec.path}`, with {where}.", "",
+    out = [f"# {m.name}", "", f"From {_md_code(spec.path)}, with {where}.", "",
            "## Hyperparameters", "", "| name | value | declared |", "|---|---:|---|"]
     declared = {h.name: h for h in m.hypers}
     for name, value in report["hyperparameters"].items():
         h = declared.get(name)
         text = report["derived"].get(name) or ("" if h is None or h.default is None else
                                                _source_text(spec, h.default.span))
-        out.append(f"| `{name}` | {_num(value)} | {'`' + text + '`' if text else 'free'} |")
+        declared_as = _md_code(text, cell=True) if text else "free"
+        out.append(f"| `{name}` | {_num(value)} | {declared_as} |")
     types = _value_types(cfg.model)
     sym = _value_types(spec.symbolic().model)
     out += ["", "## Inputs and outputs", "", "| | name | type | shape |", "|---|---|---|---|"]
@@ -461,6 +470,18 @@ def markdown(spec, cfg, report: dict) -> str:
         out.append("")
         out.append(f"`{t['param']}` is used in {' and '.join(t['used_in'])} and counted once.")
     return "\n".join(out) + "\n"
+
+
+def _md_code(text: str, cell: bool = False) -> str:
+    """Text from a file or a file name as one Markdown code span: control characters
+    escaped, a fence longer than any run of backticks inside, and `|` escaped in a table
+    cell (GitHub splits rows on it before reading code spans)."""
+    text = printable(text)
+    if cell:
+        text = text.replace("|", "\\|")
+    fence = "`" * (max((len(r) for r in re.findall(r"`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
 
 
 def _source_text(spec, span) -> str:
@@ -633,4 +654,6 @@ class _Dot:
 
 
 def _q(text: str) -> str:
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+    """A DOT quoted string; control characters (from a file name) shown as escapes."""
+    text = printable(text)
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'

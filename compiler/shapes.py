@@ -27,6 +27,7 @@ from . import ir
 from . import syntax as S
 from .errors import Diagnostic, FgcError, Span
 from .ir import Ell, Eqn, Guard, Operand, TensorType, Value, format_dim
+from .parse import MAX_MAGNITUDE
 from .primitives import (
     BINARY_OPS,
     CALLABLE,
@@ -83,13 +84,15 @@ def member_key(name: str) -> tuple[str, str] | None:
 class Statics:
     """Evaluates hyperparameter expressions to `Poly` (exact) or float."""
 
-    def __init__(self, names: dict[str, Poly | float], file: str):
+    def __init__(self, names: dict[str, Poly | float], file: str,
+                 conditions: Conditions | None = None):
         self.names = names
         self.file = file
+        self.conditions = conditions  # where a symbolic model's checks are recorded
 
     def eval(self, e: S.Expr, extra: dict[str, Poly | float] | None = None) -> Poly | float:
-        names = {**self.names, **(extra or {})}
-        return self._eval(e, names)
+        names = {**self.names, **extra} if extra else self.names  # no copy per call: a
+        return self._eval(e, names)  # spec of thousands of hyperparameters evaluates each
 
     def _eval(self, e, names):
         if isinstance(e, S.Num):
@@ -117,25 +120,32 @@ class Statics:
                 return {"+": a + b, "-": a - b, "*": a * b, "/": a / b if b else math.inf,
                         "%": a % b if b else math.nan}.get(e.op, math.nan)
             if e.op == "+":
-                return a + b
+                return self._in_range(a + b, e)
             if e.op == "-":
-                return a - b
+                return self._in_range(a - b, e)
             if e.op == "*":
                 if a.degree() + b.degree() > 64:
                     raise FgcError("size expression too large", e.span)
-                return a * b
+                return self._in_range(a * b, e)
             if e.op == "/":
                 if b.is_const() and b.const_value() == 0:
                     raise FgcError("division by zero in a size expression", e.span)
-                return a / b
+                self._require("not zero", b)
+                return self._in_range(a / b, e)
             if e.op == "%":
                 if b.is_const() and b.const_value() == 0:
                     raise FgcError("modulo by zero in a size expression", e.span)
+                self._require("not zero", b)
                 return Poly.apply("mod", a, b)
             raise FgcError(f"`{e.op}` cannot appear in a size expression", e.span)
         if isinstance(e, S.Call) and e.func in ("floor", "ceil", "max", "min") and e.args:
             args = [self._eval(a, names) for a in e.args]
             if any(isinstance(a, float) for a in args):
+                real = next(x for x, v in zip(e.args, args) if isinstance(v, float))
+                if any(isinstance(v, Poly) and not v.is_const() for v in args):
+                    raise FgcError(f"`{_show_expr(real)}` is a real number, so "
+                                   f"`{_show_expr(e)}` cannot be a size", e.span,
+                                   "sizes are whole numbers")
                 fn = {"floor": math.floor, "ceil": math.ceil, "max": max, "min": min}[e.func]
                 return float(fn(*[_to_float(a) for a in args]))
             return Poly.apply(e.func, *args)
@@ -149,6 +159,8 @@ class Statics:
                 holds = _eval_condition(e.cond, names, None)
             except _Undecided:
                 holds = None
+                if self.conditions is not None:
+                    self.conditions.give_up("a size depends on a condition on sizes")
             if holds is not None:
                 return self._eval(e.then if holds else e.orelse, names)
             text = _cond_text(e.cond)
@@ -159,6 +171,29 @@ class Statics:
                 Poly.sym(f"[{ir.Guard(text=text, positive=False)}]") * orelse
         raise FgcError("expected a size expression (numbers, hyperparameters, + - * /)",
                        _span_of(e))
+
+    def _in_range(self, p: Poly, e: S.BinOp) -> Poly:
+        self._require("in range", p)
+        return _in_range(p, e)
+
+    def _require(self, kind: str, size: Poly) -> None:
+        if self.conditions is not None:
+            self.conditions.require(kind, size)
+
+
+def _in_range(p: Poly, e: S.BinOp) -> Poly:
+    """`p` when every coefficient lies within what a float holds and exact arithmetic stays
+    cheap at (1e-300 to 1e300, as for literals); else a located error, where a later float
+    conversion would overflow (`F = 1e300 * 1e300`) or big integers would keep growing."""
+    for c in p.terms.values():
+        if abs(c) > MAX_MAGNITUDE or c.denominator > MAX_MAGNITUDE:
+            # the order of magnitude from bit lengths: str() of a huge int is slow (and capped)
+            digits = round((abs(c.numerator).bit_length() - c.denominator.bit_length())
+                           * 0.30103)
+            raise FgcError(f"`{_show_expr(e)}` is about 1e{digits}, beyond the numbers fgc "
+                           "computes with", e.span,
+                           "sizes and hyperparameters lie between 1e-300 and 1e300")
+    return p
 
 
 def _foldable(a: Ref, b: Ref) -> bool:
@@ -196,6 +231,7 @@ class Hypers:
     numeric: bool = False
     preset: str | None = None
     reals: set[str] = field(default_factory=set)  # symbols that stand for real numbers
+    conditions: Conditions | None = None  # gathered by a symbolic model elaboration
 
     def expand(self, p: Poly) -> Poly:
         for _ in range(16):
@@ -208,6 +244,68 @@ class Hypers:
         if a == b:
             return True
         return self.expand(a) == self.expand(b)
+
+
+@dataclass
+class Conditions:
+    """What the numeric checks of a model ask of its hyperparameters, gathered while the
+    model is elaborated with them symbolic.
+
+    Elaborating a model for a preset checks what only numbers show: a size that must be a
+    positive whole number, an index that must fit, a divisor that must not be zero. Where
+    the symbolic elaboration meets such a check on a size that is still a symbol, it
+    records the check here. Values that pass every recorded check elaborate exactly as the
+    symbolic model with the values put in, without an error, so `fgc check` need not
+    elaborate each of a file's presets (9,000 of them took a minute). A check that cannot
+    be written as a condition on one size sets `undecided`; every preset is then
+    elaborated, as are those that fail a condition (their elaboration says why)."""
+
+    symbols: frozenset[str]  # the hyperparameters, numbers in every preset
+    checks: dict[tuple[str, Poly], None] = field(default_factory=dict)  # (kind, size)
+    undecided: str | None = None  # why the conditions cannot speak for a preset
+
+    def require(self, kind: str, size: Poly) -> None:
+        """`size` must be `kind` (a key of `_KINDS`) once the hyperparameters are numbers.
+        A size with a symbol that stays one (a layer or family index) is not checked by the
+        numeric elaboration either; a constant is decided now."""
+        if size.is_const():
+            if not _KINDS[kind](size.const_value()):
+                self.give_up(f"{format_poly(size)} is not {kind}")
+        elif size.symbols() <= self.symbols:
+            self.checks[(kind, size)] = None
+
+    def depends(self, size: Poly, why: str) -> None:
+        """A check whose outcome turns on `size` in a way no condition says: undecided when
+        the size becomes a number in a preset."""
+        if not size.is_const() and size.symbols() <= self.symbols:
+            self.give_up(why)
+
+    def give_up(self, why: str) -> None:
+        if self.undecided is None:
+            self.undecided = why
+
+    def hold(self, env: dict[str, int | Fraction]) -> bool:
+        """Whether the values in `env` pass every check (False when one cannot be
+        evaluated: a real number, a division by zero)."""
+        if self.undecided is not None:
+            return False
+        try:
+            return all(_KINDS[kind](size.evaluate(env)) for kind, size in self.checks)
+        except (KeyError, ZeroDivisionError):
+            return False
+
+
+_KINDS = {
+    "a size": lambda v: v.denominator == 1 and 0 < v <= MAX_DIM,
+    "a bound": lambda v: v.denominator == 1 and abs(v) <= MAX_DIM,  # of a range, may be <= 0
+    "whole": lambda v: v.denominator == 1,
+    "not negative": lambda v: v >= 0,
+    "positive": lambda v: v > 0,
+    "not zero": lambda v: v != 0,
+    "zero": lambda v: v == 0,
+    "a number of layers": lambda v: v <= MAX_LAYERS,
+    "in range": lambda v: abs(v) <= MAX_MAGNITUDE and v.denominator <= MAX_MAGNITUDE,
+}
 
 
 @dataclass
@@ -287,6 +385,10 @@ class Elaborator:
         except ShapeError as e:
             raise FgcError(e.message, span, e.hint) from None
         self._check_dims(out, span)
+        for r in ins:
+            if r.type.lo is not None and r.type.hi is not None and r.type.lo != r.type.hi:
+                # a rule may take a range lo..hi of one value as that value (`x + 1`)
+                self._require("not zero", r.type.hi - r.type.lo)
         masks = [r for r in ins if r.type.neg_inf]
         if op == "mul":
             if masks:
@@ -312,6 +414,9 @@ class Elaborator:
 
     def _check_dims(self, t: TensorType, span: Span | None) -> None:
         if not self.hypers.numeric:
+            for d in t.shape:
+                if isinstance(d, Poly):
+                    self._require("a size", d)
             return
         for d in t.shape:
             if isinstance(d, Poly) and d.is_const():
@@ -342,6 +447,8 @@ class Elaborator:
             if t.values is not None:
                 vals = [self._dim(v, statics, positive=False) for v in t.values]
                 lo, hi = vals[0], vals[-1]
+                for v in vals:
+                    self._depends(v, "a set of integers has a member that is a size")
                 if all(v.is_const() for v in vals):
                     consts = sorted(v.const_value() for v in vals)
                     if consts != list(range(int(consts[0]), int(consts[0]) + len(consts))):
@@ -354,6 +461,7 @@ class Elaborator:
             if lo.is_const() and hi.is_const() and hi.const_value() < lo.const_value():
                 raise FgcError(f"empty range {format_poly(lo)}..{format_poly(hi)}", t.span,
                                "a range lo..hi needs lo <= hi")
+            self._require("not negative", hi - lo)
             shape = tuple(Ell(ell) if isinstance(d, S.Ellipsis_) else self._dim(d, statics)
                           for d in t.dims)
             return TensorType(dtype="int", shape=shape, lo=lo, hi=hi)
@@ -383,6 +491,8 @@ class Elaborator:
                 raise FgcError(f"dimension {_show_expr(e)} = {format_int(c)} is absurdly large",
                                e.span,
                                f"dimensions above {MAX_DIM:,} are rejected")
+        else:
+            self._require("a size" if positive else "a bound", v)
         return v
 
     def _divisibility_hint(self, e: S.Expr, statics: Statics) -> str | None:
@@ -466,6 +576,8 @@ class _Body:
         self.mask_products: dict[str, Span | None] = {}
         self._cse: dict[tuple, Ref] = {}
         self._stacks: dict[str, tuple[ir.Loop, int]] = {}  # unnamed X^(1..L) -> its entry
+        # values the numeric elaboration folds to constants, though sizes here are symbols
+        self._constant_in_presets: set[str] = set()
 
     # bookkeeping delegated to the elaborator
     def _fresh(self) -> str:
@@ -481,10 +593,42 @@ class _Body:
     _dim = Elaborator._dim
     _divisibility_hint = Elaborator._divisibility_hint
 
+    # what a symbolic model's numeric checks will ask (see `Conditions`)
+    def _require(self, kind: str, size: Poly) -> None:
+        if self.hypers.conditions is not None:
+            self.hypers.conditions.require(kind, size)
+
+    def _depends(self, size: Poly, why: str) -> None:
+        if self.hypers.conditions is not None:
+            self.hypers.conditions.depends(size, why)
+
+    def _folds_in_presets(self, refs: list[Ref]) -> bool:
+        """Whether the numeric elaboration folds what is computed from `refs`, where this
+        one cannot: each is a constant once the hyperparameters are numbers (`sqrt(H)`)."""
+        conditions = self.hypers.conditions
+        if conditions is None:
+            return False
+        later = False
+        for r in refs:
+            if r.op.name is not None:
+                if r.op.name not in self._constant_in_presets:
+                    return False
+                later = True
+            elif isinstance(r.op.const, Poly) and not r.op.const.is_const():
+                if not r.op.const.symbols() <= conditions.symbols:
+                    return False
+                later = True
+        return later
+
+    def _give_up(self, why: str) -> None:
+        if self.hypers.conditions is not None:
+            self.hypers.conditions.give_up(why)
+
     # ------------------------------------------------------------ constants
     def const(self, value: Poly | float, real: bool = False) -> Ref:
         if real and isinstance(value, Poly) and not (
                 value.is_const() and value.const_value().denominator == 1):
+            self._depends(value, "a quotient of sizes is real here but whole in a preset")
             return Ref(Operand(const=value), TensorType(dtype="real", shape=()))
         if isinstance(value, float):
             return Ref(Operand(const=value), TensorType(dtype="real", shape=(),
@@ -493,6 +637,7 @@ class _Body:
             return Ref(Operand(const=value), TensorType(dtype="real", shape=()))
         if not value.is_const() and any(s in self.scope.real_symbols for s in value.symbols()):
             return Ref(Operand(const=value), TensorType(dtype="real", shape=()))
+        self._require("whole", value)  # else a real number in the preset
         return Ref(Operand(const=value), _int_const(value))
 
     @staticmethod
@@ -540,6 +685,8 @@ class _Body:
             for key, seen in self._cse.items():
                 if seen.op.name == old:
                     self._cse[key] = ref
+            if old in self._constant_in_presets:
+                self._constant_in_presets.add(name)
         self.scope.values[name] = ref
         return ref
 
@@ -576,6 +723,8 @@ class _Body:
         self.scope.symbols[fam.var] = Poly.sym(fam.var)  # the member's index, 1..size
         try:
             ref = self.expr(value)
+            if self._folds_in_presets([ref]):
+                self._give_up("a family is a constant in a preset")
             if not self.is_const(ref) and not (
                     self.block and self.block[-1].outs[0].name == ref.op.name):
                 # the member is an existing value: give the family its own equation
@@ -607,7 +756,7 @@ class _Body:
         return self._dim(fam.hi, self._statics())
 
     def _statics(self) -> Statics:
-        return Statics(self.scope.symbols, self.top.file)
+        return Statics(self.scope.symbols, self.top.file, self.hypers.conditions)
 
     # ------------------------------------------------------------ expressions
     def expr(self, e: S.Expr) -> Ref:
@@ -632,7 +781,10 @@ class _Body:
         if self.is_const(r):
             c = r.op.const
             return self.const(-c)
-        return self.apply("neg", [r], e.span)
+        out = self.apply("neg", [r], e.span)
+        if self._folds_in_presets([r]):
+            self._constant_in_presets.add(out.op.name)
+        return out
 
     def e_BinOp(self, e: S.BinOp) -> Ref:
         a, b = self.expr(e.left), self.expr(e.right)
@@ -640,6 +792,8 @@ class _Body:
             value = self._fold(e.op, a.op.const, b.op.const, e.span)
             return self.const(value, real=e.op == "/" or a.type.dtype == "real"
                               or b.type.dtype == "real")
+        if e.op != "@" and self._folds_in_presets([a, b]):
+            self._give_up("arithmetic on constants that fold only in a preset")
         return self.apply(BINARY_OPS[e.op], [a, b], e.span)
 
     def _fold(self, op: str, a, b, span):
@@ -653,6 +807,8 @@ class _Body:
                     "%": a % b if b else 0.0}[op]
         if op in "/%" and b.is_const() and b.const_value() == 0:
             raise FgcError("division by zero" if op == "/" else "modulo by zero", span)
+        if op in "/%":
+            self._require("not zero", b)
         if op == "%":
             return Poly.apply("mod", a, b)
         return {"+": a.__add__, "-": a.__sub__, "*": a.__mul__, "/": a.__truediv__}[op](b)
@@ -734,6 +890,8 @@ class _Body:
         try:
             value = _eval_condition(cond, env, self.loop.var if self.loop else None)
         except _Undecided:
+            if not layer_dependent:
+                self._give_up("a condition on sizes, decided in each preset")
             return _cond_text(cond)
         except FgcError:
             raise
@@ -847,6 +1005,8 @@ class _Body:
                            f"({loop.var}-1), not ({_show_expr(layer)})", span)
         if isinstance(value, Poly) and value == Poly.const(0):
             return f"{base}^(0)"
+        if isinstance(value, Poly):
+            self._require("not zero", value)  # a preset's 0 would name X^(0)
         if finished is not None:
             return finished
         if quiet:
@@ -864,9 +1024,10 @@ class _Body:
             return written
         for hi_text, hi in self.loop_results:
             name = f"{base}^({hi_text})"
-            if name in self.scope.values and isinstance(value, Poly) \
-                    and self.hypers.same(value, hi):
-                return name
+            if name in self.scope.values and isinstance(value, Poly):
+                if self.hypers.same(value, hi):
+                    return name
+                self._require("not zero", value - hi)  # else a preset finds this block
         return None
 
     loop_results: list[tuple[str, Poly]] = []
@@ -958,6 +1119,9 @@ class _Body:
             k = index.const_value()
             if not 1 <= k <= size.const_value():
                 raise FgcError(f"`{name}`: member {k} of a family of {size.const_value()}", span)
+        elif isinstance(index, Poly):
+            self._require("not negative", index - 1)
+            self._require("not negative", size - index)
         if param is not None:
             self.param_uses.setdefault(param.name, set()).add(self.section)
             t = param.type.member()
@@ -1033,6 +1197,8 @@ class _Body:
         if lo.is_const() and lo.const_value() < 1:
             raise FgcError(f"index ranges over {format_poly(t.lo)}..{format_poly(t.hi)} but "
                            "indices are 1-based", span, "shift it, e.g. `x[i] + 1`")
+        self._require("not negative", lo - 1)
+        self._require("not negative", d - hi)
         if (hi - d).is_const():
             if (hi - d).const_value() > 0:
                 raise FgcError(f"index ranges up to {format_poly(t.hi)} but the axis has "
@@ -1043,10 +1209,14 @@ class _Body:
         if count.is_const() and count.const_value() <= 0:
             raise FgcError(f"rows {format_poly(lo)}..{format_poly(hi)} are an empty range", span,
                            "a range lo..hi needs lo <= hi")
+        self._require("positive", count)
         if lo.is_const() and hi.is_const() and dim.is_const():
             a, b, d = lo.const_value(), hi.const_value(), dim.const_value()
             if not (1 <= a <= b <= d):
                 raise FgcError(f"rows {a}..{b} do not fit an axis of {d}", span)
+        else:
+            for low, high in ((ONE, lo), (lo, hi), (hi, dim)):
+                self._require("not negative", high - low)
 
     # ------------------------------------------------------------ calls
     def e_Call(self, e: S.Call) -> Ref:
@@ -1092,7 +1262,10 @@ class _Body:
                 return self.const(_FOLD[e.func](*[_to_float(a.op.const) for a in args]))
             except (ShapeError, ValueError, OverflowError):
                 pass
-        return self.apply(e.func, args, e.span)
+        out = self.apply(e.func, args, e.span)
+        if e.func in _FOLD and self._folds_in_presets(args):
+            self._constant_in_presets.add(out.op.name)
+        return out
 
     def _expand_args(self, args: list[S.Expr], span: Span) -> list[Ref]:
         """Elaborate call arguments; `x_1, ..., x_N` becomes one whole-family argument."""
@@ -1635,7 +1808,7 @@ class ModelElaborator(_Body):
         self.scope.symbols = dict(hypers.values)
         self.scope.real_symbols = {k for k, v in hypers.values.items() if isinstance(v, float)}
         self.scope.real_symbols |= hypers.reals
-        self.statics = Statics(self.scope.symbols, top.file)
+        self.statics = Statics(self.scope.symbols, top.file, hypers.conditions)
 
     def run(self) -> ir.Model:
         m = self.model
@@ -1764,6 +1937,8 @@ class ModelElaborator(_Body):
 
     def output(self, o: S.Output) -> Value:
         ref = self.expr(o.value)
+        if self._folds_in_presets([ref]):
+            self._give_up("an output is a constant in a preset")
         if self.is_const(ref):
             raise FgcError("an output must be computed from the inputs", o.span)
         name = o.name or "output"
@@ -1790,6 +1965,8 @@ class ModelElaborator(_Body):
                            f"and `{name[:-1]}` is {fmt(inp)}", span,
                            f"a caller feeds `{name}` back as `{name[:-1]}`: give it the "
                            "input's type, or another name")
+        for a, b in zip(out.shape, inp.shape):
+            self._require("zero", a - b)  # what a preset compares
 
     def equation(self, eq: S.Equation) -> None:
         for w in eq.where:
@@ -1838,6 +2015,7 @@ class ModelElaborator(_Body):
             self.top._error("layers are numbered from 1", loop.lo.span,
                             f"write `layers {loop.var} in 1..{_show_expr(loop.hi)}`")
             return None
+        self._require("a number of layers", hi)
         if self.hypers.numeric and hi.is_const() and hi.const_value() > MAX_LAYERS:
             self.top._error(f"{format_int(hi.const_value())} layers is absurdly many", loop.hi.span,
                             f"at most {MAX_LAYERS:,} layers are accepted")

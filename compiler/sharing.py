@@ -10,6 +10,7 @@ same shapes, in every configuration the two have in common) and the joint count 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,8 +44,26 @@ def _shape(shape: tuple) -> str:
 
 
 def other_path(spec_path: str, decl: ir.SharedWith) -> Path:
-    """The file a declaration names, relative to the declaring file's folder."""
-    return Path(spec_path).parent / decl.spec
+    """The file a declaration names, relative to the declaring file's folder; FgcError,
+    located at the name, when that is not a file in the folder or below it (an absolute
+    path, `..` out of it, or a link that leads out): a spec names its partners, not any
+    file on the machine."""
+    named = decl.spec
+    where = "the other spec is named relative to this spec's folder, in it or below it"
+    if not named or "\0" in named:
+        raise FgcError(f"`share ... with \"{named}\"` names no file", decl.spec_span, where)
+    if Path(named).is_absolute():
+        raise FgcError(f"`share ... with \"{named}\"`: an absolute path is not allowed",
+                       decl.spec_span, where)
+    folder = Path(spec_path).parent
+    path = folder / named
+    # realpath, not Path.resolve: a loop of links stays as it is (reading it says why)
+    if not Path(os.path.realpath(path)).is_relative_to(os.path.realpath(folder)):
+        link = Path(os.path.normpath(path)).is_relative_to(os.path.normpath(folder)) and \
+            ".." not in Path(os.path.normpath(path)).parts
+        raise FgcError(f"`share ... with \"{named}\"` leads out of this spec's folder"
+                       + (" through a symbolic link" if link else ""), decl.spec_span, where)
+    return path
 
 
 def compare(decl: ir.SharedWith, cfg_a, cfg_b, label: str, other: str) -> list[Diagnostic]:
@@ -100,24 +119,22 @@ def _complete(spec) -> bool:
 def check(spec, sym) -> list[Diagnostic]:
     """Every `share ... with` of a spec against the spec it names: that spec reads and
     elaborates, and in each configuration both have it holds the shared tensors with the
-    same shapes."""
-    from .pipeline import load
+    same shapes. What the other file holds is never quoted: where it does not read, parse
+    or elaborate, the error says where and asks for `fgc check` of it."""
     errors: list[Diagnostic] = []
     for decl in sym.model.shared_with:
-        path = other_path(spec.path, decl)
-        if path.resolve() == Path(spec.path).resolve():
+        try:
+            path = other_path(spec.path, decl)
+        except FgcError as e:
+            errors += e.diagnostics
+            continue
+        if os.path.realpath(path) == os.path.realpath(spec.path):
             errors.append(Diagnostic("error", f"`share ... with \"{decl.spec}\"` names this "
                                      "spec itself", decl.spec_span,
                                      "name the other spec whose tensors these are"))
             continue
-        try:
-            other = load(str(path))
-        except FgcError as e:
-            first = e.diagnostics[0].message if e.diagnostics else "it does not parse"
-            errors.append(Diagnostic("error", f"`share ... with \"{decl.spec}\"`: {first}",
-                                     decl.spec_span, "the path is relative to this spec's "
-                                     "folder" if not path.exists() else
-                                     f"run `fgc check {path}`"))
+        other = _load_other(path, decl, errors)
+        if other is None:
             continue
         if not other.file.models:
             errors.append(Diagnostic("error", f"{decl.spec} defines no model to share with",
@@ -140,15 +157,45 @@ def check(spec, sym) -> list[Diagnostic]:
                 theirs = other.configure(name)
             except FgcError as e:
                 errors.append(Diagnostic(
-                    "error", f"{decl.spec} does not elaborate with {label}: "
-                    f"{e.diagnostics[0].message if e.diagnostics else 'errors'}",
-                    decl.spec_span, f"run `fgc check {path}`"))
+                    "error", f"`{decl.spec}` does not elaborate with {label}"
+                    f"{_where(e)}", decl.spec_span, f"run `fgc check {path}`"))
                 continue
             found = compare(decl, mine, theirs, label, decl.spec)
             errors += found
             if found:
                 break  # one configuration's mismatches say it; the others would repeat it
     return errors
+
+
+def _load_other(path: Path, decl: ir.SharedWith, errors: list[Diagnostic]):
+    """The other spec, or None with an error that says why without quoting it."""
+    from .pipeline import load, read_source
+    try:
+        text = read_source(str(path))
+    except FgcError as e:
+        if not hasattr(e, "text"):  # it cannot be read (the reason quotes nothing of it)
+            errors.append(Diagnostic(
+                "error", f"`share ... with \"{decl.spec}\"`: {e.diagnostics[0].message}",
+                decl.spec_span,
+                "the path is relative to this spec's folder" if not path.exists() else
+                f"run `fgc check {path}`"))
+            return None
+        text = None  # read, but not text: fall through to the parse error below
+        error = e
+    if text is not None:
+        try:
+            return load(str(path), text)
+        except FgcError as e:
+            error = e
+    errors.append(Diagnostic("error", f"`{decl.spec}` does not parse{_where(error)}",
+                             decl.spec_span, f"run `fgc check {path}`"))
+    return None
+
+
+def _where(e: FgcError) -> str:
+    """` (other.fgpt:3:9)`: where another file's first problem is, without its text."""
+    span = e.diagnostics[0].span if e.diagnostics else None
+    return f" ({span})" if span is not None else ""
 
 
 @dataclass
@@ -164,7 +211,7 @@ class Joint:
 def joint(items: list[tuple]) -> Joint:
     """`items`: (spec, numeric config, symbolic config) for each file counted together.
     Declarations naming a spec that is not among them are left out."""
-    paths = [Path(spec.path).resolve() for spec, _, _ in items]
+    paths = [os.path.realpath(spec.path) for spec, _, _ in items]
     parent: dict[tuple[int, str], tuple[int, str]] = {}
 
     def find(x):
@@ -176,7 +223,11 @@ def joint(items: list[tuple]) -> Joint:
     errors: list[Diagnostic] = []
     for i, (spec, cfg, sym) in enumerate(items):
         for decl in cfg.model.shared_with:
-            target = other_path(spec.path, decl).resolve()
+            try:
+                target = os.path.realpath(other_path(spec.path, decl))
+            except FgcError as e:
+                errors += e.diagnostics
+                continue
             if target not in paths:
                 continue
             j = paths.index(target)

@@ -7,16 +7,24 @@ dropped; `flatten(axis)`, which joins an axis and the next. Axes and indices are
 name is the checkpoint's own 0-based layer number. Without a block, the file holds the
 compiled module's own names. Works on numpy arrays: importing weights for the ONNX backend
 must not import torch.
+
+The file is read lazily: its header lists every tensor (name, dtype, shape, where its bytes
+lie), and only the tensors the spec uses are read, each with `pread` from one descriptor of
+a regular file (`runtime.files.open_regular`: a FIFO or a device is refused, not waited
+on). Tensors the spec does not use cost nothing, whatever their size. Every used tensor is
+scanned for NaN and Inf as it is converted (`Imported.nonfinite`, `nonfinite_message`).
 """
 
 from __future__ import annotations
 
+import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from runtime.files import FileError, open_atomic, open_regular
 
 from . import ir
 from . import syntax as S
@@ -32,21 +40,201 @@ class Imported:
     ignored: list[str] = field(default_factory=list)  # buffers the spec says to skip
     extras: list[str] = field(default_factory=list)  # tensors nothing asked for
     notes: list[Diagnostic] = field(default_factory=list)
+    # used checkpoint tensors holding NaN or Inf: (checkpoint name, NaN count, Inf count)
+    nonfinite: list[tuple[str, int, int]] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------- safetensors files
+# The format: an 8-byte little-endian header length, a JSON header {name: {dtype, shape,
+# data_offsets: [begin, end]}, "__metadata__": {...}}, then the tensors' bytes (offsets
+# count from the end of the header). Read and written here rather than through the
+# safetensors package, for a measured reason: its safe_open maps the whole file, so a
+# checkpoint larger than the address-space limit fails even when the spec uses 16 bytes of
+# it, and its load_file reads every tensor (a 2 GiB unused tensor cost 4.25 GB, a 6 GiB one
+# a Rust panic that is not an Exception).
+
+MAX_HEADER = 100_000_000  # bytes of JSON header: the safetensors package's own limit
+_READ_CHUNK = 1 << 30  # one pread at most (Linux returns at most ~2 GiB per call)
+_SCAN_CHUNK = 1 << 22  # elements per NaN/Inf scan: 4 MB of booleans, whatever the tensor
+_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2", "I64": "<i8",
+           "U64": "<u8", "I32": "<i4", "U32": "<u4", "I16": "<i2", "U16": "<u2", "I8": "i1",
+           "U8": "u1", "BOOL": "?", "C64": "<c8"}
+_SIZES = {"F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "F4": 1, "F6_E2M3": 1, "F6_E3M2": 1,
+          "C128": 16}  # known to the format, not readable here: named in the error
+_CODES = {np.dtype(np.float64): "F64", np.dtype(np.float32): "F32",
+          np.dtype(np.float16): "F16", np.dtype(np.int64): "I64", np.dtype(np.int32): "I32",
+          np.dtype(np.int16): "I16", np.dtype(np.int8): "I8", np.dtype(np.uint8): "U8",
+          np.dtype(np.bool_): "BOOL"}
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One tensor as the header describes it."""
+
+    dtype: str  # the format's code: F32, BF16, ...
+    shape: tuple[int, ...]
+    begin: int  # byte offsets in the file
+    end: int
+
+    @property
+    def numpy_name(self) -> str:
+        """The dtype as numpy names it (bfloat16 for BF16), for messages."""
+        if self.dtype == "BF16":
+            return "bfloat16"
+        return np.dtype(_DTYPES[self.dtype]).name if self.dtype in _DTYPES else self.dtype
+
+    @property
+    def floats(self) -> bool:
+        return self.dtype in ("F64", "F32", "F16", "BF16")
+
+
+class Checkpoint:
+    """A safetensors file opened for reading: its header now, each tensor when asked.
+
+    Use as a context manager; every problem with the file is an FgcError naming it."""
+
+    def __init__(self, path: str):
+        self.path = str(path)
+        try:
+            self.fd = open_regular(path)
+        except FileNotFoundError:
+            raise FgcError(f"weights file {path} does not exist", None) from None
+        except FileError as e:
+            raise FgcError(f"weights file {path} {e.strerror}", None,
+                           "give a safetensors file") from None
+        except OSError as e:
+            raise FgcError(f"cannot read weights file {path}: {e.strerror or e}", None) \
+                from None
+        try:
+            self.size = os.fstat(self.fd).st_size
+            self.tensors = self._header()
+        except BaseException:
+            os.close(self.fd)
+            raise
+
+    def __enter__(self) -> Checkpoint:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def _bad(self, why: str) -> FgcError:
+        return FgcError(f"{self.path} is not a readable safetensors file ({why})", None)
+
+    def _pread(self, n: int, offset: int, into: memoryview | None = None) -> memoryview:
+        buf = into if into is not None else memoryview(bytearray(n))
+        done = 0
+        while done < n:
+            try:
+                got = os.preadv(self.fd, [buf[done: done + _READ_CHUNK]], offset + done)
+            except OSError as e:
+                raise FgcError(f"cannot read weights file {self.path}: {e.strerror or e}",
+                               None) from None
+            if got == 0:
+                raise self._bad(f"it ends at byte {offset + done:,}, truncated")
+            done += got
+        return buf
+
+    def _header(self) -> dict[str, TensorInfo]:
+        if self.size < 8:
+            raise self._bad(f"{self.size} bytes, shorter than the 8-byte header length")
+        n = int.from_bytes(self._pread(8, 0), "little")
+        if n < 2 or n > MAX_HEADER:
+            raise self._bad(f"a header of {n:,} bytes; the format allows 2 to {MAX_HEADER:,}")
+        if 8 + n > self.size:
+            raise self._bad(f"a header of {n:,} bytes in a file of {self.size:,}, truncated")
+        try:
+            header = json.loads(bytes(self._pread(n, 8)).decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as e:
+            raise self._bad(f"its header is not JSON: {str(e)[:120]}") from None
+        if not isinstance(header, dict):
+            raise self._bad("its header is not a JSON object")
+        start = 8 + n
+        out: dict[str, TensorInfo] = {}
+        for name, entry in header.items():
+            if name == "__metadata__":
+                continue
+            info = self._entry(name, entry, start)
+            out[name] = info
+        return out
+
+    def _entry(self, name: str, entry, start: int) -> TensorInfo:
+        what = f"tensor `{name[:200]}`"
+        if not isinstance(entry, dict):
+            raise self._bad(f"{what} is not described by an object")
+        dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), \
+            entry.get("data_offsets")
+        if dtype not in _DTYPES and dtype not in _SIZES:
+            raise self._bad(f"{what} has an unknown dtype {str(dtype)[:40]!r}")
+        if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+            raise self._bad(f"{what} has a shape that is not a list of sizes")
+        if not (isinstance(offsets, list) and len(offsets) == 2 and
+                all(type(x) is int for x in offsets) and 0 <= offsets[0] <= offsets[1]):
+            raise self._bad(f"{what} has data_offsets that are not [begin, end]")
+        numel = 1
+        for d in shape:
+            numel *= d
+        itemsize = np.dtype(_DTYPES[dtype]).itemsize if dtype in _DTYPES else _SIZES[dtype]
+        if offsets[1] - offsets[0] != numel * itemsize:
+            raise self._bad(f"{what} of shape {shape} in {dtype} needs {numel * itemsize:,} "
+                            f"bytes, its offsets give {offsets[1] - offsets[0]:,}")
+        if start + offsets[1] > self.size:
+            raise self._bad(f"{what} ends at byte {start + offsets[1]:,} of a file of "
+                            f"{self.size:,}, truncated")
+        return TensorInfo(dtype, tuple(shape), start + offsets[0], start + offsets[1])
+
+    def read(self, name: str) -> np.ndarray:
+        """One tensor, read now, in its own dtype (BF16 as float32)."""
+        info = self.tensors[name]
+        if info.dtype not in _DTYPES:
+            raise FgcError(f"`{name}` in {self.path} holds {info.dtype}, which fgc cannot "
+                           "read", None, "convert the checkpoint to float32 or float16")
+        raw = np.empty(info.end - info.begin, np.uint8)
+        self._pread(raw.nbytes, info.begin, memoryview(raw))
+        arr = raw.view(_DTYPES[info.dtype]).reshape(info.shape)
+        if info.dtype == "BF16":  # bfloat16 is the top half of a float32
+            arr = (arr.astype(np.uint32) << 16).view(np.float32)
+        return arr
 
 
 def read_safetensors(path: str) -> dict[str, np.ndarray]:
     """All tensors of a safetensors file as numpy arrays, or a clear FgcError."""
-    p = Path(path)
-    if p.is_dir():
-        raise FgcError(f"weights file {path} is a folder", None)
-    if not p.is_file():
-        raise FgcError(f"weights file {path} does not exist", None)
-    try:
-        from safetensors.numpy import load_file
-        return load_file(str(p))
-    except Exception as e:  # noqa: BLE001 - any decoding failure is the file's problem
-        raise FgcError(f"{path} is not a readable safetensors file ({type(e).__name__}: "
-                       f"{str(e)[:200]})", None) from None
+    with Checkpoint(path) as ckpt:
+        return {name: ckpt.read(name) for name in ckpt.tensors}
+
+
+def count_nonfinite(x: np.ndarray) -> tuple[int, int]:
+    """(NaN count, Inf count) of a float array, scanned in chunks: the booleans never take
+    more than a few MB, whatever the tensor's size."""
+    flat = x.reshape(-1)
+    nan = inf = 0
+    for k in range(0, flat.size, _SCAN_CHUNK):
+        chunk = flat[k: k + _SCAN_CHUNK]
+        if np.isfinite(chunk).all():
+            continue
+        nan += int(np.count_nonzero(np.isnan(chunk)))
+        inf += int(np.count_nonzero(np.isinf(chunk)))
+    return nan, inf
+
+
+def nonfinite_message(nonfinite: list[tuple[str, int, int]], path: str | None = None,
+                      limit: int = 8) -> str:
+    """`2 checkpoint tensors hold NaN or Inf: h.0.attn.c_attn.weight (3 NaN), ...`, for a
+    warning (or, with --strict, an error); the first `limit` tensors are named."""
+    def counts(nan: int, inf: int) -> str:
+        return ", ".join(f"{k:,} {what}" for k, what in ((nan, "NaN"), (inf, "Inf")) if k)
+
+    n = len(nonfinite)
+    named = ", ".join(f"{name} ({counts(nan, inf)})" for name, nan, inf in nonfinite[:limit])
+    more = f", and {n - limit:,} more" if n > limit else ""
+    where = f" in {path}" if path else ""
+    return (f"{n:,} checkpoint tensor{'s' if n != 1 else ''}{where} "
+            f"hold{'s' if n == 1 else ''} NaN or Inf: {named}{more}")
 
 
 def state_key(entry: Entry, layer: int | None) -> str:
@@ -108,7 +296,7 @@ def _apply(step: S.CkptStep, x: np.ndarray, family: int | None, source: str) -> 
             raise FgcError(f"cannot split axis {args[0]} of {source} {list(x.shape)} into "
                            f"{parts} parts and take part {index}", step.span)
         size = x.shape[axis] // parts
-        return np.take(x, range((index - 1) * size, index * size), axis=axis)
+        return x[(slice(None),) * axis + (slice((index - 1) * size, index * size),)]
     if step.name == "heads":
         if len(args) != 1 or family is None:
             raise FgcError("heads(axis) splits one axis into the family's members and moves "
@@ -129,7 +317,7 @@ def _apply(step: S.CkptStep, x: np.ndarray, family: int | None, source: str) -> 
         if not (0 <= axis < x.ndim) or not (1 <= index <= x.shape[axis]):
             raise FgcError(f"cannot take entry {index} of axis {args[0]} of {source} "
                            f"{list(x.shape)}", step.span)
-        return np.take(x, index - 1, axis=axis)
+        return x[(slice(None),) * axis + (index - 1,)]
     if step.name == "flatten":
         if len(args) != 1:
             raise FgcError("flatten takes (axis), 1-based: it joins that axis and the next",
@@ -150,9 +338,17 @@ def import_checkpoint(cfg, checkpoint: S.Checkpoint | None, path: str,
                       key=state_key) -> Imported:
     """Map a checkpoint file onto one configuration's parameters, named by `key` (the torch
     module's names, or `onnx_key`); raises FgcError naming every missing or mis-shaped
-    tensor. Without a checkpoint block the file holds the torch module's own names."""
-    raw = read_safetensors(path)
+    tensor. Without a checkpoint block the file holds the torch module's own names. Only
+    the tensors the spec uses are read; each is scanned for NaN and Inf (`nonfinite`)."""
+    with Checkpoint(path) as ckpt:
+        return _import(cfg, checkpoint, ckpt, path, key)
+
+
+def _import(cfg, checkpoint: S.Checkpoint | None, ckpt: Checkpoint, path: str,
+            key) -> Imported:
+    raw = ckpt.tensors  # the header: names, dtypes and shapes; no data read yet
     out = Imported({})
+    scanned: set[str] = set()
     errors: list[Diagnostic] = []
     used: set[str] = set()
 
@@ -199,7 +395,10 @@ def import_checkpoint(cfg, checkpoint: S.Checkpoint | None, path: str,
                                          f"`{spec_name}`{_at(layer)})", span))
                 continue
             used.add(found)
-            x = raw[found]
+            info = raw[found]
+            # the steps and the shape check run on the header's shape first (a stand-in
+            # of no memory), so a mismatch is reported without reading the tensor
+            x = np.broadcast_to(np.uint8(0), info.shape)
             try:
                 for step in steps:
                     x = _apply(step, x, family, source)
@@ -208,16 +407,26 @@ def import_checkpoint(cfg, checkpoint: S.Checkpoint | None, path: str,
                 continue
             if tuple(x.shape) != expected:
                 errors.append(Diagnostic(
-                    "error", f"`{source}` has shape {list(raw[found].shape)}"
+                    "error", f"`{source}` has shape {list(info.shape)}"
                     f"{' (after ' + ', '.join(s.name for s in steps) + ')' if steps else ''}"
                     f" = {list(x.shape)}, but `{spec_name}`{_at(layer)} is {list(expected)}",
                     span))
                 continue
-            if x.dtype.kind != "f":
-                errors.append(Diagnostic("error", f"`{source}` holds {x.dtype}, not floats",
-                                         span))
+            if not info.floats:
+                errors.append(Diagnostic("error", f"`{source}` holds {info.numpy_name}, not "
+                                         "floats", span))
                 continue
-            out.tensors[target] = np.ascontiguousarray(x, dtype=np.float32)
+            if errors:
+                continue  # the file is refused: read nothing more
+            x = ckpt.read(found).astype(np.float32, copy=False)
+            if found not in scanned:
+                scanned.add(found)
+                nan, inf = count_nonfinite(x)
+                if nan or inf:
+                    out.nonfinite.append((found, nan, inf))
+            for step in steps:
+                x = _apply(step, x, family, source)
+            out.tensors[target] = np.ascontiguousarray(x)
     if errors:
         raise FgcError.many(errors)
     ignore = _ignore_patterns(checkpoint, cfg)
@@ -252,18 +461,33 @@ def _ignore_patterns(checkpoint: S.Checkpoint | None, cfg) -> set[str]:
 
 
 def write_safetensors(tensors: dict[str, np.ndarray], path: Path) -> None:
-    """Write atomically: a temporary file in the same folder, then a rename."""
-    from safetensors.numpy import save_file
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".weights-", suffix=".tmp")
-    os.close(fd)
+    """Write a safetensors file that safetensors' own loaders read, atomically
+    (`runtime.files.open_atomic`); tensors in name order, streamed from memory (no copy
+    of the whole file is built); raises FgcError naming the file when it cannot be written."""
+    header: dict[str, dict] = {}
+    offset = 0
+    order = sorted(tensors)
+    for name in order:
+        arr = tensors[name]
+        code = _CODES.get(arr.dtype)
+        if code is None:
+            raise ValueError(f"cannot write {arr.dtype} tensor `{name}` to safetensors")
+        header[name] = {"dtype": code, "shape": list(arr.shape),
+                        "data_offsets": [offset, offset + arr.nbytes]}
+        offset += arr.nbytes
+    text = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned, as the package does
     try:
-        save_file(tensors, tmp)
-        from .emit import readable
-        readable(tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        with open_atomic(path) as f:
+            f.write(len(text).to_bytes(8, "little") + text)
+            for name in order:
+                arr = np.ascontiguousarray(tensors[name])
+                if arr.dtype.byteorder == ">":
+                    arr = arr.astype(arr.dtype.newbyteorder("<"))
+                f.write(arr.reshape(-1).view(np.uint8))  # the bytes, not a copy
+    except OSError as e:
+        raise FgcError(f"cannot write {path}: {e.strerror or e}", None) from None
 
 
-__all__ = ["Imported", "import_checkpoint", "read_safetensors", "write_safetensors", "Span"]
+__all__ = ["Imported", "Checkpoint", "TensorInfo", "import_checkpoint", "read_safetensors",
+           "write_safetensors", "count_nonfinite", "nonfinite_message", "Span"]

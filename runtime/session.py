@@ -7,26 +7,40 @@
 
 Loading checks what it loads: the .onnx parses, every external-data file it names lies
 inside the model's folder and is long enough, and inputs have the names, dtypes, ranks
-and ranges the model declares (its `fgc.*` metadata). The graph onnxruntime optimised for
-a provider is cached next to the model, so a later session skips the optimisation.
+and ranges the model declares (its `fgc.*` metadata).
+
+The graph onnxruntime optimised for a provider is kept in the user's cache folder
+(`$XDG_CACHE_HOME/fgc/onnxruntime/`, created 0700), never in the model's folder: one entry
+per model content (the SHA-256 of model.onnx and its data files), provider and onnxruntime
+version, written by onnxruntime into a private staging folder and renamed into place, the
+least recently used entries dropped past `FGC_ORT_CACHE_MAX` bytes (default 16 GiB). A
+line on stderr says what was written and how big; `fgc cache clear` removes it all.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import fcntl
+import hashlib
 import json
 import os
+import shutil
+import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
 
+from runtime.files import atomic_write, cache_home, open_regular, private_dir, read_entry
+from runtime.progress import Ticker, human_size
 from runtime.protoscan import ModelSummary, WireError, scan
 
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
 TENSORRT = "TensorrtExecutionProvider"
 REQUESTS = {"auto": [TENSORRT, CUDA], "tensorrt": [TENSORRT, CUDA], "cuda": [CUDA], "cpu": []}
-CACHE_STAMP = ".fgc-session-cache.json"
+CACHE_LIMIT = 16 * 2**30  # bytes of optimised graphs kept; FGC_ORT_CACHE_MAX overrides
 
 
 class RuntimeError_(Exception):
@@ -105,11 +119,11 @@ def check_model_file(path: Path) -> ModelSummary:
     sizes: dict[Path, int] = {}
     for t in summary.external:
         loc = t.location
-        target = (folder / loc).resolve()
-        if not loc or os.path.isabs(loc) or ".." in Path(loc).parts or \
-                folder not in target.parents:
+        if not loc or "\0" in loc or os.path.isabs(loc) or ".." in Path(loc).parts or \
+                folder not in (folder / loc).resolve().parents:
             raise RuntimeError_(f"{path}: tensor `{t.name}` points outside the model's folder "
                                 f"({loc!r}); refusing to load it")
+        target = (folder / loc).resolve()
         if target not in sizes:
             if not target.is_file():
                 raise RuntimeError_(f"{path}: tensor `{t.name}` is stored in {loc}, which is "
@@ -127,7 +141,7 @@ def check_model_file(path: Path) -> ModelSummary:
 
 class Model:
     def __init__(self, folder: str | Path, provider: str = "auto", optimize: bool = True,
-                 threads: int | None = None, cache: bool = True):
+                 threads: int | None = None, cache: bool = True, quiet: bool = False):
         import onnxruntime as ort
         ort.set_default_logger_severity(3)
         folder = Path(folder)
@@ -144,71 +158,42 @@ class Model:
         # the incremental form (--kv-cache): the token input, its cache tensors' names and dims
         self.incremental = json.loads(self.meta.get("fgc.incremental", "null"))
         providers, self.reason = choose_providers(provider)
+        self.notes: list[str] = []
         opts = ort.SessionOptions()
         if threads:
             opts.intra_op_num_threads = threads
-        load_path = path
         self.cached = False
+        entry = None
         if not optimize:
             opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         elif cache:
-            load_path = self._cache(opts, providers[0], ort)
+            entry = GraphCache.open(path, summary, providers[0], ort.__version__)
+        load_path = path
+        if entry is not None and entry.hit:
+            opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+            load_path, self.cached = entry.model, True
+        elif entry is not None:
+            entry.prepare(opts)
+        verb = "loading" if self.cached or not optimize else "optimising"
         try:
-            self.session = ort.InferenceSession(str(load_path), opts, providers=providers)
+            with Ticker(f"{verb} {path} ({human_size(sum(_sizes(path, summary)))}) with "
+                        "onnxruntime", show=False if quiet else None):
+                self.session = ort.InferenceSession(str(load_path), opts, providers=providers)
         except Exception as e:  # noqa: BLE001 - onnxruntime's errors are one class per cause
+            if entry is not None:
+                entry.discard()
             raise RuntimeError_(f"onnxruntime cannot load {path}: {str(e)[:300]}") from None
+        if entry is not None and not entry.hit:
+            written = entry.commit()
+            if written and not quiet:
+                print(f"fgc: cached onnxruntime's optimised graph of {path} for "
+                      f"{providers[0]} in {written[0]} ({human_size(written[1])}; `fgc cache "
+                      "clear` removes it)", file=sys.stderr)
         self.inputs = json.loads(self.meta.get("fgc.inputs", "[]")) or [
             _io_of(v) for v in self.session.get_inputs()]
         self.provider = self.session.get_providers()[0]
         if self.provider != providers[0]:
             self.reason = f"{providers[0]} did not start; falling back to {self.provider}"
-        self.notes: list[str] = []
-
-    def _cache(self, opts, provider: str, ort) -> Path:
-        """The optimised graph for this provider, saved next to the model on first load."""
-        tag = {CPU: "cpu", CUDA: "cuda", TENSORRT: "tensorrt"}[provider]
-        cached = self.path.with_name(f"{self.path.stem}.{tag}.opt.onnx")
-        stamp_file = self.path.with_name(CACHE_STAMP)
-        stamp = {"source": _stamp(self.path), "onnxruntime": ort.__version__}
-        data = self.path.with_name(self.path.name + ".data")
-        if data.exists():
-            stamp["data"] = _stamp(data)
-        try:
-            known = json.loads(stamp_file.read_text()) if stamp_file.is_file() else {}
-        except (OSError, ValueError):
-            known = {}
-        if known.get(tag) == stamp and cached.is_file():
-            try:
-                check_model_file(cached)
-                opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-                self.cached = True
-                return cached
-            except RuntimeError_:
-                pass
-        if not os.access(self.path.parent, os.W_OK):
-            return self.path
-        opts.optimized_model_filepath = str(cached)
-        # Weights beside the cached graph, not inside it: onnxruntime then maps them from
-        # disk instead of parsing a protobuf the size of the model.
-        opts.add_session_config_entry(
-            "session.optimized_model_external_initializers_file_name", cached.name + ".data")
-        opts.add_session_config_entry(
-            "session.optimized_model_external_initializers_min_size_in_bytes", "1024")
-        self._stamp = (stamp_file, known, tag, stamp)
-        return self.path
-
-    def _save_stamp(self) -> None:
-        if getattr(self, "_stamp", None) is None:
-            return
-        stamp_file, known, tag, stamp = self._stamp
-        known[tag] = stamp
-        try:
-            tmp = stamp_file.with_name(stamp_file.name + ".tmp")
-            tmp.write_text(json.dumps(known, indent=1, sort_keys=True))
-            os.replace(tmp, stamp_file)
-        except OSError:
-            pass
-        self._stamp = None
 
     # -- inputs
     def feeds(self, tokens: str | None = None, values: dict[str, str] | None = None,
@@ -355,7 +340,6 @@ class Model:
             values = self.session.run(None, feeds)
         except Exception as e:  # noqa: BLE001
             raise RuntimeError_(f"onnxruntime failed: {str(e)[:300]}") from None
-        self._save_stamp()
         return dict(zip(self.outputs, values))
 
     def run_segments(self, inputs: dict[str, np.ndarray], segment: int | None = None,
@@ -380,9 +364,209 @@ class Model:
         return lines
 
 
-def _stamp(p: Path) -> list:
-    st = p.stat()
-    return [st.st_size, st.st_mtime_ns]
+# ---------------------------------------------------------------- the optimised-graph cache
+
+
+def cache_folder() -> Path:
+    return cache_home() / "onnxruntime"
+
+
+def cache_limit() -> int:
+    try:
+        return int(os.environ.get("FGC_ORT_CACHE_MAX", CACHE_LIMIT))
+    except ValueError:
+        return CACHE_LIMIT
+
+
+class GraphCache:
+    """One entry of the optimised-graph cache: `<key>/model.onnx` (+ `model.onnx.data`)."""
+
+    def __init__(self, root: Path, key: str, size: int):
+        self.root, self.key, self.size = root, key, size
+        self.dir = root / key
+        self.model = self.dir / "model.onnx"
+        self.hit = False
+        self.stage: Path | None = None
+        self._lock: int | None = None
+
+    @classmethod
+    def open(cls, path: Path, summary: ModelSummary, provider: str,
+             version: str) -> GraphCache | None:
+        """The entry for this model, provider and onnxruntime, or None when nothing can be
+        cached (no private cache folder, a cap of 0, or a model bigger than the cap)."""
+        size = sum(_sizes(path, summary))
+        if size > cache_limit():
+            return None
+        root = private_dir(cache_folder())
+        if root is None:
+            return None
+        digest = content_key(root, [path] + _data_files(path, summary))
+        tag = {CPU: "cpu", CUDA: "cuda", TENSORRT: "tensorrt"}[provider]
+        entry = cls(root, f"{digest}-{tag}-{version}", size)
+        if entry._valid():
+            entry.hit = True
+            with contextlib.suppress(OSError):
+                os.utime(entry.dir)  # recently used: evicted last
+        return entry
+
+    def _valid(self) -> bool:
+        try:
+            st = os.lstat(self.dir)
+            if not os.path.isdir(self.dir) or os.path.islink(self.dir) or \
+                    st.st_uid != os.geteuid():
+                return False
+            check_model_file(self.model)
+            return not os.path.islink(self.model)
+        except (OSError, RuntimeError_):
+            return False
+
+    def prepare(self, opts) -> None:
+        """Have onnxruntime write its optimised graph into a fresh private staging folder,
+        with the weights in a side file that later sessions map instead of parsing."""
+        self.stage = Path(tempfile.mkdtemp(dir=self.root, prefix=".stage-"))
+        self._lock = os.open(self.stage, os.O_RDONLY | os.O_DIRECTORY)
+        fcntl.flock(self._lock, fcntl.LOCK_EX)
+        opts.optimized_model_filepath = str(self.stage / "model.onnx")
+        opts.add_session_config_entry(
+            "session.optimized_model_external_initializers_file_name", "model.onnx.data")
+        opts.add_session_config_entry(
+            "session.optimized_model_external_initializers_min_size_in_bytes", "1024")
+
+    def commit(self) -> tuple[Path, int] | None:
+        """Rename the staged graph into place; (folder, bytes), or None when another session
+        got there first or the graph did not check."""
+        if self.stage is None:
+            return None
+        try:
+            check_model_file(self.stage / "model.onnx")
+            size = sum(f.stat().st_size for f in self.stage.iterdir())
+            os.rename(self.stage, self.dir)
+        except (OSError, RuntimeError_):
+            self.discard()
+            return None
+        self.stage = None
+        self._unlock()
+        evict(self.root, keep=self.dir)
+        return self.dir, size
+
+    def discard(self) -> None:
+        if self.stage is not None:
+            shutil.rmtree(self.stage, ignore_errors=True)
+            self.stage = None
+        self._unlock()
+
+    def _unlock(self) -> None:
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None
+
+    def __del__(self):
+        self.discard()
+
+
+def content_key(root: Path, files: list[Path]) -> str:
+    """SHA-256 of the files' bytes. Hashing a large model costs a second or two, so a file's
+    digest is remembered in `root/digests.json` against its identity (device, inode, size,
+    modification time) and recomputed only when that changes."""
+    index_path = root / "digests.json"
+    raw = read_entry(index_path, 2**22)
+    try:
+        index = json.loads(raw) if raw else {}
+        index = index if isinstance(index, dict) else {}
+    except ValueError:
+        index = {}
+    h = hashlib.sha256()
+    changed = False
+    for f in files:
+        st = f.stat()
+        ident = f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
+        digest = index.get(ident)
+        if not (isinstance(digest, str) and len(digest) == 64):
+            digest = _sha256(f)
+            index[ident] = digest
+            changed = True
+        h.update(digest.encode())
+    if changed:
+        if len(index) > 4096:
+            index = dict(list(index.items())[-2048:])
+        with contextlib.suppress(OSError):
+            atomic_write(index_path, json.dumps(index), fsync=False, file_mode=0o600)
+    return h.hexdigest()[:32]
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    fd = open_regular(path)
+    with os.fdopen(fd, "rb") as f:
+        for block in iter(lambda: f.read(2**24), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def evict(root: Path, keep: Path | None = None) -> None:
+    """Past the cap, remove the least recently used entries (and dead staging folders)."""
+    entries, total = [], 0
+    with contextlib.suppress(OSError):
+        for e in os.scandir(root):
+            if not e.is_dir(follow_symlinks=False):
+                continue
+            if e.name.startswith(".stage-"):
+                _remove_if_dead(Path(e.path))
+                continue
+            size = sum(f.stat(follow_symlinks=False).st_size for f in os.scandir(e.path))
+            entries.append((e.stat(follow_symlinks=False).st_mtime, Path(e.path), size))
+            total += size
+    entries.sort(key=lambda x: x[0])
+    limit = cache_limit()
+    for _, path, size in entries:
+        if total <= limit:
+            break
+        if path != keep:
+            shutil.rmtree(path, ignore_errors=True)
+            total -= size
+
+
+def _remove_if_dead(stage: Path) -> None:
+    """A staging folder whose session died before renaming it (nobody holds its lock)."""
+    try:
+        fd = os.open(stage, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return
+    shutil.rmtree(stage, ignore_errors=True)
+    os.close(fd)
+
+
+def cache_info() -> tuple[Path, int, int]:
+    """(folder, entries, bytes) of the optimised-graph cache."""
+    root, count, total = cache_folder(), 0, 0
+    with contextlib.suppress(OSError):
+        for e in os.scandir(root):
+            if e.is_dir(follow_symlinks=False) and not e.name.startswith("."):
+                count += 1
+                total += sum(f.stat(follow_symlinks=False).st_size for f in os.scandir(e.path))
+    return root, count, total
+
+
+def clear_cache() -> int:
+    """Remove every optimised graph; the bytes freed."""
+    _, _, total = cache_info()
+    root = cache_folder()
+    if root.is_dir() and not root.is_symlink():
+        shutil.rmtree(root, ignore_errors=True)
+    return total
+
+
+def _data_files(path: Path, summary: ModelSummary) -> list[Path]:
+    return sorted({(path.parent / t.location) for t in summary.external})
+
+
+def _sizes(path: Path, summary: ModelSummary) -> list[int]:
+    return [f.stat().st_size for f in [path] + _data_files(path, summary)]
 
 
 def _io_of(arg) -> dict:
@@ -408,7 +592,11 @@ def _parse(text: str, spec: dict) -> np.ndarray:
             from None
     if not data or any(len(r) != len(data[0]) for r in data):
         raise RuntimeError_(f"input {spec['name']}: sequences must have equal lengths")
-    arr = np.array(data, dtype=np.int64 if spec["dtype"] == "int" else np.float32)
+    try:
+        arr = np.array(data, dtype=np.int64 if spec["dtype"] == "int" else np.float32)
+    except OverflowError:
+        raise RuntimeError_(f"input {spec['name']}: a value does not fit a 64-bit integer") \
+            from None
     if len(spec["dims"]) == 1:
         arr = arr[:, 0] if arr.shape[1] == 1 else arr.reshape(-1)
     return arr

@@ -273,7 +273,7 @@ def test_absurd_sizes_are_refused_before_anything_is_built(tmp_path):
     r = fgc("compile", "specs/formal/gpt3.fgpt", "--preset", "175b", "--target", "onnx",
             "-o", str(out), timeout=60)
     _assert_clean_error(r, "GiB")
-    assert not any(out.iterdir())
+    assert not out.exists()  # created only when a compile succeeds
 
 
 def test_nothing_is_written_outside_the_output_folder(tmp_path):
@@ -353,18 +353,29 @@ def test_fgc_run_a_spec(tmp_path):
     _assert_clean_error(bad, "no input nope")
 
 
-def test_second_session_uses_the_cached_graph(tmp_path):
-    compile_spec("specs/gpt2.fgpt", str(tmp_path), "onnx", None, TINY, optimize="ort")
-    first = load(tmp_path, provider="cpu")
+def test_second_session_uses_the_cached_graph(tmp_path, monkeypatch):
+    """The optimised graph goes to the user's cache folder, never beside the model."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    out = tmp_path / "out"
+    compile_spec("specs/gpt2.fgpt", str(out), "onnx", None, TINY, optimize="ort")
+    first = load(out, provider="cpu")
     feeds = first.feeds("1,2,3,4")
     a = first.run(feeds)["GPT"]
-    assert not first.cached and (tmp_path / "model.cpu.opt.onnx").is_file()
-    second = load(tmp_path, provider="cpu")
+    assert not first.cached and sorted(p.name for p in out.iterdir()) == ["model.onnx"]
+    entries = [p for p in (tmp_path / "cache" / "fgc" / "onnxruntime").iterdir() if p.is_dir()]
+    assert len(entries) == 1 and (entries[0] / "model.onnx").is_file()
+    assert (tmp_path / "cache" / "fgc").stat().st_mode & 0o777 == 0o700
+    second = load(out, provider="cpu")
     assert second.cached
     np.testing.assert_allclose(second.run(feeds)["GPT"], a, atol=1e-6)
-    # recompiling invalidates the cache
-    compile_spec("specs/gpt2.fgpt", str(tmp_path), "onnx", None, {**TINY, "L": 1})
-    assert not load(tmp_path, provider="cpu").cached
+    # recompiling invalidates the cache: the key is the model's content
+    compile_spec("specs/gpt2.fgpt", str(out), "onnx", None, {**TINY, "L": 1})
+    assert not load(out, provider="cpu").cached
+    # a copy of the model elsewhere is the same content: the same entry
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    (copy / "model.onnx").write_bytes((out / "model.onnx").read_bytes())
+    assert load(copy, provider="cpu").cached
 
 
 # ---------------------------------------------------------------- reading a model's structure
@@ -400,12 +411,14 @@ def test_protoscan_refuses_truncations(tmp_path, compiled, fraction):
         scan(path)
 
 
-def test_cached_graph_keeps_weights_beside_it(tmp_path):
+def test_cached_graph_keeps_weights_beside_it(tmp_path, monkeypatch):
     """The optimised graph is cached with its weights in a side file, which onnxruntime maps
     instead of parsing; the cached graph's references pass the same checks."""
-    compile_spec("specs/gpt2.fgpt", str(tmp_path), "onnx", None, TINY)
-    load(tmp_path, provider="cpu").run({"x": np.array([[1, 2, 3]])})
-    assert (tmp_path / "model.cpu.opt.onnx.data").is_file()
-    cached = onnx.load(str(tmp_path / "model.cpu.opt.onnx"), load_external_data=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    compile_spec("specs/gpt2.fgpt", str(tmp_path / "out"), "onnx", None, TINY)
+    load(tmp_path / "out", provider="cpu").run({"x": np.array([[1, 2, 3]])})
+    (entry,) = [p for p in (tmp_path / "cache" / "fgc" / "onnxruntime").iterdir() if p.is_dir()]
+    assert (entry / "model.onnx.data").is_file()
+    cached = onnx.load(str(entry / "model.onnx"), load_external_data=False)
     assert any(t.data_location == onnx.TensorProto.EXTERNAL for t in cached.graph.initializer)
-    assert load(tmp_path, provider="cpu").cached
+    assert load(tmp_path / "out", provider="cpu").cached

@@ -40,6 +40,7 @@ DEFAULT_OPSET = 23
 PAST = "past"  # the incremental form's run-time size: positions the cache holds
 MIN_OPSET = 18
 MAX_OPSET = 25
+CONST_LIMIT = 64 * 1024  # bytes: a larger table of indices is a Range, made at run time
 
 
 class Unsupported(Exception):
@@ -1075,12 +1076,11 @@ def _iota(lw: Lowerer, e: Eqn, ins: list[V], scope: Scope) -> V:
     size = lw.ev(e.attrs["size"], scope.env)
     rank, axis = e.attrs["rank"], e.attrs["axis"]
     label = _label(e, scope, "iota")
-    if size.is_const():
+    if size.is_const() and _int(size) * 8 <= CONST_LIMIT:
         n = _int(size)
         shape = [n if k == axis else 1 for k in range(rank)]
-        arr = np.arange(n, dtype=np.int64).reshape(shape)
-        out = lw.g.const(arr.ravel().tolist(), "int", tuple(shape)) if n > 0 else None
-    else:
+        out = lw.g.const(np.arange(n, dtype=np.int64), "int", tuple(shape)) if n > 0 else None
+    else:  # past CONST_LIMIT, computed when the model runs: the graph stays small
         r = lw.g.op("Range", [lw.g.const(0, "int"), lw.scalar_size(size), lw.g.const(1, "int")],
                     label)
         shape = [-1 if k == axis else 1 for k in range(rank)]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 
 
@@ -41,7 +42,8 @@ class Progress:
 
     def _draw(self, final: bool) -> None:
         pct = min(100, 100 * self.done // self.total)
-        line = (f"{self.label}  {_size(min(self.done, self.total))} / {_size(self.total)}  {pct}%  "
+        done = human_size(min(self.done, self.total))
+        line = (f"{self.label}  {done} / {human_size(self.total)}  {pct}%  "
                 f"{time.perf_counter() - self.started:.1f} s")
         if self.tty:
             self.stream.write("\r\033[K" + line + ("\n" if final else ""))
@@ -70,8 +72,53 @@ def note(text: str, stream=None) -> None:
         stream.flush()
 
 
-def _size(n: int) -> str:
+def human_size(n: int) -> str:
     for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if n >= scale:
             return f"{n / scale:.1f} {unit}"
     return f"{n} B"
+
+
+class Ticker:
+    """`label  12 s` for a call that cannot report its own progress (onnxruntime building a
+    session): shown from `after` seconds on, redrawn each second by a background thread, and
+    closed with the total time. Use as a context manager around the call."""
+
+    def __init__(self, label: str, after: float = 2.0, stream=None, show: bool | None = None):
+        self.label, self.after = label, after
+        self.stream = stream or sys.stderr
+        self.show = enabled(self.stream) if show is None else show
+        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
+        self._done = threading.Event()
+        self._drawn = False
+
+    def __enter__(self) -> Ticker:
+        self.started = time.perf_counter()
+        if self.show:
+            self._thread = threading.Thread(target=self._run, daemon=True)
+            self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        if self._done.wait(self.after):
+            return
+        while True:
+            self._draw(final=False)
+            if self._done.wait(1.0):
+                return
+
+    def _draw(self, final: bool) -> None:
+        line = f"{self.label}  {time.perf_counter() - self.started:.0f} s"
+        if self.tty:
+            self.stream.write("\r\033[K" + line + ("\n" if final else ""))
+        elif final or not self._drawn:
+            self.stream.write(line + ("\n" if final else " …\n"))
+        self._drawn = True
+        self.stream.flush()
+
+    def __exit__(self, *exc) -> None:
+        self._done.set()
+        if self.show:
+            self._thread.join()
+            if self._drawn:
+                self._draw(final=True)
