@@ -669,31 +669,16 @@ def _suggest_names(name: str, names: list[str]) -> str | None:
 
 
 def _check_acyclic(defs: dict[str, Poly], decls: dict[str, S.HyperDecl]) -> None:
+    import graphlib  # walks with its own stack: a chain may be thousands long
     deps = {n: [s for s in p.symbols() if s in defs] for n, p in defs.items()}
-    state: dict[str, int] = {}  # 1: on the path being walked, 2: done
-    for root in defs:  # a walk with its own stack: a chain may be thousands long
-        if root in state:
-            continue
-        state[root] = 1
-        path = [(root, iter(deps[root]))]
-        while path:
-            node, rest = path[-1]
-            for n in rest:
-                if state.get(n) == 1:
-                    names = [x for x, _ in path]
-                    names = names[names.index(n):] + [n]
-                    if len(names) > 12:  # a long circle: its ends say where it runs
-                        names[6:-3] = [f"… ({len(names) - 9:,} more)"]
-                    cyc = " -> ".join(names)
-                    raise FgcError(f"hyperparameters are defined in a circle: {cyc}",
-                                   decls[n].span)
-                if n not in state:
-                    state[n] = 1
-                    path.append((n, iter(deps[n])))
-                    break
-            else:
-                state[node] = 2
-                path.pop()
+    try:
+        graphlib.TopologicalSorter(deps).prepare()
+    except graphlib.CycleError as e:
+        names = list(reversed(e.args[1]))  # graphlib lists a circle from its end
+        if len(names) > 12:  # a long circle: its ends say where it runs
+            names[6:-3] = [f"… ({len(names) - 9:,} more)"]
+        raise FgcError(f"hyperparameters are defined in a circle: {' -> '.join(names)}",
+                       decls[names[-1]].span) from None
 
 
 def _dependency_order(deps: dict[str, list[str]]) -> list[str]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from ... import ir
 from ...incremental import NotIncremental, derive
 from ...ir import Ell, Eqn, Operand, TensorType, sequence_symbols
 from ...symbolic import Atom, Poly
-from .names import RESERVED, Namer, class_name, ident
+from .names import FUNCTIONAL, NAME, Namer, class_name, ident, reserved
 
 TEMPLATES = Path(__file__).parent / "templates"
 
@@ -217,9 +218,16 @@ def wrap(code: str, comment: str, indent: str) -> list[str]:
     one = f"{indent}{code}" + (f"  # {comment}" if comment else "")
     if len(one) <= WIDTH:
         return [one]
-    head = [f"{indent}# {comment}"] if comment else []
+    head = [f"{indent}# {x}" for x in textwrap.wrap(comment, WIDTH - len(indent) - 2,
+                                                       break_long_words=False)]
     if len(indent) + len(code) <= WIDTH:
         return head + [indent + code]
+    parts = _split_top(code[7:]) if code.startswith("assert ") else []
+    if len(parts) == 2 and parts[1].startswith('f"'):
+        # `assert cond, f"...; ..."`: the message below, in pieces cut after its `; `
+        pieces = re.split(r"(?<=; )", parts[1][2:-1])
+        return head + [f"{indent}assert {parts[0]}, ("] + \
+            [f'{indent}    f"{x}"' for x in pieces] + [f"{indent})"]
     eq = _top_level(code, (" = ",))
     if eq and not code.startswith("return ") and not code.startswith("for "):
         lhs, rhs = code[: eq[0]], code[eq[0] + 3:]
@@ -229,7 +237,8 @@ def wrap(code: str, comment: str, indent: str) -> list[str]:
     return head + _wrap_expr(code, indent, "", "")
 
 
-def _wrap_expr(expr: str, indent: str, before: str, after: str) -> list[str]:
+def _wrap_expr(expr: str, indent: str, before: str, after: str,
+               tuples: bool = True) -> list[str]:
     line = f"{indent}{before}{expr}{after}"
     if len(line) <= WIDTH:
         return [line]
@@ -259,6 +268,17 @@ def _wrap_expr(expr: str, indent: str, before: str, after: str) -> list[str]:
             out.extend(_wrap_expr(rest, inner, f"{op} ", ""))
         out.append(f"{indent}){after}")
         return out
+    items = _split_top(expr)
+    if tuples and len(items) > 1 and (before.startswith("return ") or before.endswith(" = ")):
+        plain = _wrap_expr(expr, indent, before, after, tuples=False)
+        if all(len(x) <= WIDTH for x in plain):
+            return plain
+        # a tuple (the outputs returned) its last item cannot fit: one item per line
+        out = [f"{indent}{before}("]
+        for a in items:
+            out.extend(_wrap_expr(a, inner, "", ","))
+        out.append(f"{indent}){after}")
+        return out
     if expr.startswith("[") and expr.endswith("]") and _split_top(expr) == [expr]:
         # a list (torch.cat's operands): one item per line
         out = [f"{indent}{before}["]
@@ -286,6 +306,16 @@ def _wrap_expr(expr: str, indent: str, before: str, after: str) -> list[str]:
             # a parenthesised sum: its split into terms brings its own brackets (anything
             # else, `a if c else f(b)`, keeps them: they decide what the operator applies to)
             return _wrap_expr(expr[1:-1], indent, before, after)
+        links = _chain(expr)
+        if start is not None and len(links) > 1 and \
+                len(f"{indent}{before}{expr[:start + 1]}") > WIDTH:
+            # `f(...).unflatten(...).movedim(...)` too long to open its last call: one link
+            # of the chain per line, bracketed
+            out = [f"{indent}{before}("]
+            for link in links:
+                out.extend(_wrap_expr(link, inner, "", ""))
+            out.append(f"{indent}){after}")
+            return out
         if start is not None:
             is_call = start > 0 and (expr[start - 1].isalnum() or expr[start - 1] in "_])")
             args = _split_top(expr[start + 1:-1]) if is_call else [expr[start + 1:-1]]
@@ -300,12 +330,33 @@ def _wrap_expr(expr: str, indent: str, before: str, after: str) -> list[str]:
     return [line]
 
 
+def _chain(expr: str) -> list[str]:
+    """`f(x).g(y).h` -> [`f(x)`, `.g(y)`, `.h`]: the links of a method chain, split at each
+    `.` that follows a closing bracket outside any bracket."""
+    links, depth, last = [], 0, 0
+    for k, ch in enumerate(expr):
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif ch == "." and depth == 0 and k > 0 and expr[k - 1] in ")]":
+            links.append(expr[last:k])
+            last = k
+    return links + [expr[last:]]
+
+
 @dataclass
 class ParamView:
     attr: str
     shape: str  # python tuple expression
     comment: str
     init: str  # "normal" | "zeros" | "ones"
+
+    @property
+    def text(self) -> str:
+        """The declaration inside `__init__`, its comment above it when the line is long."""
+        return "\n".join(wrap(f"self.{self.attr} = nn.Parameter(torch.empty{self.shape})",
+                               self.comment, " " * 8))
 
 
 @dataclass
@@ -331,6 +382,33 @@ class ClassView:
     body: list[Line]
     kind: str = "module"  # "module" | "layer" | "model"
     extra_methods: list[str] = field(default_factory=list)
+
+    @property
+    def init_def(self) -> str:
+        return "\n".join(def_lines("__init__", ", ".join(["self"] + self.init_args), 4))
+
+    @property
+    def forward_def(self) -> str:
+        method = getattr(self, "method_name", "forward")
+        return "\n".join(def_lines(method, self.forward_args, 4))
+
+
+def def_lines(name: str, args: str, indent: int) -> list[str]:
+    """`def name(args):` at `indent` columns; one argument per line when it is too long."""
+    return _wrap_expr(f"def {name}({args})", " " * indent, "", ":")
+
+
+def fit(line: str, indent: int = 4) -> list[str]:
+    """One line of a method written out whole (`def ...:`, `return ...`), where it will be
+    `indent` columns further in, wrapped to the line width: a def one argument per line."""
+    pad = len(line) - len(line.lstrip())
+    code = line.strip()
+    at = " " * (indent + pad)
+    if code.startswith("def ") and code.endswith(":"):
+        lines = _wrap_expr(code[:-1], at, "", ":")
+    else:
+        lines = wrap(code, "", at)
+    return [x[indent:] for x in lines]
 
 
 # ---------------------------------------------------------------- one function body
@@ -910,7 +988,9 @@ def _select(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
 
 
 def _cond(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
-    guard = b.gen.guard_py(e.attrs["guard"])
+    # a guard is static: sizes in it are the configuration's, never this call's lengths
+    sym = b.sym if b.gen.in_module else {**b.sym, **b.gen.consts}
+    guard = b.gen.guard_py(e.attrs["guard"], sym)
     return f"{ins[0].expr} if {guard} else {ins[1].expr}"
 
 
@@ -1066,13 +1146,13 @@ class Generator:
         self.param_types: dict[str, ir.Param] = {}
         self.in_module = False
         self.dynamic: set[str] = set()
-        self.hyper_names = Namer(RESERVED)
+        self.hyper_names = Namer()
         self.consts: dict[str, str] = {}
         for h in self.model.hypers:
             self.consts[h.name] = self.hyper_names(h.name)
         self.comment_sym = _Names({h.name: h.name for h in self.model.hypers})
         self.model_class = class_name(self.model.name)
-        while self.model_class in set(self.consts.values()) | RESERVED:
+        while self.model_class in set(self.consts.values()):
             self.model_class += "_"
         # only lengths vary from call to call; a width shared by a real input stays fixed
         self.dynamic = sequence_symbols(self.model, self.functions)
@@ -1100,7 +1180,7 @@ class Generator:
         out = {}
         for s in names:
             name = f"T_{self.consts.get(s, s)}"
-            while name in set(self.consts.values()) | RESERVED:
+            while name in set(self.consts.values()) or reserved(name):
                 name += "_"
             out[s] = name
         return out
@@ -1116,17 +1196,18 @@ class Generator:
         fn = self.functions.get(e.attrs.get("module", ""))
         return fn is not None and fn.builtin and fn.name == name
 
-    def guard_py(self, text: str) -> str:
+    def guard_py(self, text: str, sym: dict[str, str]) -> str:
+        """A guard as written (`l is odd`, `E != H`) as Python, each name as `sym` spells it
+        (`self.l`, a hyperparameter's constant)."""
         # the other branch of `l is odd`, `l == 1`: `l % 2 == 0`, `l != 1`, not `not (...)`
-        text = re.sub(r"^not \((\w+) is (even|odd)\)$",
+        text = re.sub(r"^not \(([\w'^]+) is (even|odd)\)$",
                       lambda m: f"{m[1]} is {'odd' if m[2] == 'even' else 'even'}", text)
         flip = re.fullmatch(r"not \(([^()]*?) (==|!=) ([^()]*)\)", text)
         if flip and not re.search(r" (and|or|not) ", flip[0][5:-1]):
             text = f"{flip[1]} {'!=' if flip[2] == '==' else '=='} {flip[3]}"
-        text = re.sub(r"(\w+) is even", r"\1 % 2 == 0", text)
-        text = re.sub(r"(\w+) is odd", r"\1 % 2 == 1", text)
-        return text.replace(self.loop_var, "self.l") if getattr(self, "loop_var", None) \
-            else text
+        text = re.sub(r"([\w'^]+) is even", r"\1 % 2 == 0", text)
+        text = re.sub(r"([\w'^]+) is odd", r"\1 % 2 == 1", text)
+        return re.sub(NAME, lambda m: sym.get(m[0], m[0]), text)
 
     # -- module classes
     def module_class(self, name: str) -> str:
@@ -1134,8 +1215,11 @@ class Generator:
             return self.class_of[name]
         fn = self.functions[name]
         cls = class_name(name)
-        taken = {c.name for c in self.classes} | {self.model_class, self.model_class + "Layer"} \
-            | set(self.consts.values()) | RESERVED
+        taken = set(self.class_of.values()) | {self.model_class} | set(self.consts.values()) \
+            | self._init_args()
+        layer = re.compile(re.escape(self.model_class) + r"Layer\d*_*")  # the layers' classes
+        if layer.fullmatch(cls):  # a suffix `_` would still read as a layers' class
+            cls += "Module"
         while cls in taken:
             cls += "_"
         self.class_of[name] = cls
@@ -1144,6 +1228,23 @@ class Generator:
                 self.module_class(e.attrs["module"])
         self.classes.append(self._module_view(fn, cls))
         return cls
+
+    def _init_args(self) -> set[str]:
+        """Every name an `__init__` may take, beside which a class is called there: any size
+        a module's hyperparameters, parameters or inputs name, and the modules a layer
+        shares."""
+        if not hasattr(self, "_init_arg_names"):
+            sizes = set()
+            for f in self.functions.values():
+                sizes.update(h.name for h in f.hypers)
+                for t in [p.type for p in f.params] + [v.type for v in f.inputs]:
+                    for d in [*t.shape, t.lo, t.hi, t.family]:
+                        if isinstance(d, Poly):
+                            sizes.update(str(x) for x in d.symbols())
+            sizes.update(s for item in self.model.body if isinstance(item, ir.Loop)
+                         for s in item.shared)
+            self._init_arg_names = {ident(s) for s in sizes}
+        return self._init_arg_names
 
     def bound_sizes(self, fn: ir.Function) -> list[str]:
         """The sizes a use of a module binds that its forward cannot read off its inputs'
@@ -1580,9 +1681,10 @@ class Generator:
                     # exists only for some sizes: `... if E != H else ...`; a table the layers
                     # use under a layer condition (hoisted out of them) is made for all
                     guards = [g for g in e.guards
-                              if not set(re.findall(r"\w+", g.text)) & loop_vars]
+                              if not set(re.findall(NAME, g.text)) & loop_vars]
                     if guards:
-                        guard = " and ".join(self.guard_py(str(g)) for g in guards)
+                        guard = " and ".join(self.guard_py(str(g), self.consts)
+                                         for g in guards)
                         ctor = f"{ctor} if {guard} else None"
                     subs.append(SubView(attr, ctor))
         body.lower(eqns)
@@ -1596,9 +1698,9 @@ class Generator:
             lines = head + body.emit([logits_name])
             lines.append(Line(f"return {body.result(logits_name)}"))
             self._resolve_line_refs(body, lines)
-            extra = [f"def forward(self, {', '.join(args)}):",
+            extra = [*fit(f"def forward(self, {', '.join(args)}):"),
                      f'    """{model.outputs[0].name}: the probabilities, Softmax(logits)."""',
-                     f"    return torch.softmax(self.logits({', '.join(args)}), dim=-1)"]
+                     *fit(f"    return torch.softmax(self.logits({', '.join(args)}), dim=-1)")]
             method_name = "logits"
         else:
             lines = head + body.emit(outputs)
@@ -1611,6 +1713,9 @@ class Generator:
             self._resolve_line_refs(body, lines)
             extra = []
             method_name = "forward"
+        rest = "\n".join(ln.code for ln in lines if not ln.code.startswith("device = "))
+        if not re.search(r"\bdevice\b", rest):  # nothing made on the inputs' device
+            lines = [ln for ln in lines if not ln.code.startswith("device = ")]
         if ir.state_pairs(model) or self.incremental is not None:
             extra += self._signature_method(model)
         forward_args = ["self"] + args
@@ -1645,9 +1750,9 @@ class Generator:
                 "def cache_sites(self):",
                 f"    {q}The attentions whose keys and values step() keeps, in the order of its",
                 f"    `past`: layer by layer.{q}",
-                "    return " + " + ".join(parts),
+                *fit("    return " + " + ".join(parts)),
                 "",
-                f"def step(self, {', '.join(args)}, past=None):",
+                *fit(f"def step(self, {', '.join(args)}, past=None):"),
                 f"    {q}The incremental form. The tokens are those at the positions after the P",
                 "    that `past` holds the keys and values of: one (key, value) pair per",
                 "    attention of cache_sites(), each (B, A, P, D); None when there are none",
@@ -1662,7 +1767,7 @@ class Generator:
                 "    for site, kv in zip(sites, past or [()] * len(sites)):",
                 "        site.cache = kv",
                 "    try:",
-                f"        return self.{method}({call}), [site.cache for site in sites]",
+                *fit(f"        return self.{method}({call}), [site.cache for site in sites]"),
                 "    finally:",
                 "        for site in sites:",
                 "            site.cache = None"]
@@ -1762,7 +1867,7 @@ class Generator:
                 layer_classes, msym) -> list[Eqn]:
         index = len(self.loops)
         cls = f"{model_cls}Layer" + (str(index + 1) if index else "")
-        while cls in set(self.consts.values()) | {c.name for c in self.classes} | RESERVED:
+        while cls in set(self.consts.values()) | set(self.class_of.values()) or reserved(cls):
             cls += "_"
         attr = layers_attr(index)
         hoisted = self._invariant(loop)
@@ -1775,7 +1880,6 @@ class Generator:
                 if o.name is not None and o.name not in produced and o.name not in \
                         outside_inputs:
                     outside_inputs.append(o.name)
-        self.loop_var = loop.var
         namer = Namer({"T", "B"} | set(self.consts.values()) | set(self.run_length.values()))
         lsym = dict(msym)
         lsym[loop.var] = "self.l"
@@ -1821,7 +1925,7 @@ class Generator:
                 shared_args.append(ident(inst))
                 model_subs.append(SubView(f"self.{ident(inst)}", ctor))
             elif e.guards:
-                guard = " and ".join(self.guard_py(str(g)).replace("self.l", "l")
+                guard = " and ".join(self.guard_py(str(g), {**self.consts, loop.var: "l"})
                                      for g in e.guards)
                 subs.append(SubView(a, f"{ctor} if {guard} else None"))
             else:
@@ -1842,7 +1946,6 @@ class Generator:
                                                              body.result(r))
                                                  for r in results)))
         self._resolve_line_refs(body, lines)
-        self.loop_var = None
         init_args = ["l"] + shared_args
         # the run's lengths, where the layer's own equations need them
         text = "\n".join(ln.code for ln in lines)
@@ -1952,18 +2055,22 @@ class Generator:
         text = "\n".join(ln.code for c in [model_view, *layer_classes, *modules]
                           for ln in c.body) + "\n".join(x for c in [model_view] for x in
                                                          c.extra_methods)
-        names = [n for n in ("embedding", "gelu", "layer_norm") if re.search(rf"\b{n}\(", text)]
+        used = [n for n in FUNCTIONAL if re.search(rf"\b{n}\(", text)]
         imports = []
-        if names:
-            imports.append(f"from torch.nn.functional import {', '.join(names)}")
-        if re.search(r"\bsdpa\(", text):
-            imports.append("from torch.nn.functional import scaled_dot_product_attention as sdpa")
-        return template.render(
+        if plain := [n for n in used if FUNCTIONAL[n] == n]:
+            imports.append(f"from torch.nn.functional import {', '.join(plain)}")
+        imports += [f"from torch.nn.functional import {FUNCTIONAL[n]} as {n}" for n in used
+                    if FUNCTIONAL[n] != n]
+        view = dict(
             imports="\n".join(imports),
             spec=safe_name(self.spec.path), model=model_view, layers=layer_classes,
             modules=modules, hypers=hypers, preset=self.preset,
             uses_causal=self.uses_causal, uses_take=self.uses_take,
             uses_per_member=self.uses_per_member, uses_project=self.uses_project)
+        source = template.render(**view, uses_math=True)
+        if re.search(r"\bmath\.", source):
+            return source
+        return template.render(**view, uses_math=False)  # nothing needs `import math`
 
 
 def generate(spec, preset: str | None = None, sets: dict | None = None) -> str:

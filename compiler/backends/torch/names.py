@@ -1,4 +1,25 @@
-"""Python identifiers for spec names: safe by construction, stable, collision-free."""
+"""Python identifiers for spec names: safe by construction, stable, collision-free.
+
+The rule, applied here and nowhere else: `ident` spells a spec name as an identifier
+(`W^Q` -> `W_Q`), and one that model.py already owns takes a `_` suffix (`forward` ->
+`forward_`, `per_member` -> `per_member_`, `class` -> `class_`; `class_`, written in a spec,
+takes one more, so two names never meet: see `unreserved`). Class names follow the same rule
+after their first letter is capitalised. What model.py owns, RESERVED, is derived rather than
+listed wherever a source exists:
+
+- Python's keywords, soft keywords and builtins (`keyword`, `builtins`);
+- the module-level names of the template, read from templates/model.py.j2 (its imports,
+  helpers and constants), and what codegen imports from torch.nn.functional (FUNCTIONAL);
+- every public attribute of nn.Module (NN_MODULE: written out so that compiling need not
+  import torch; tests/test_reserved_names.py checks it against dir(torch.nn.Module));
+- the locals and attributes the generated methods bind themselves (GENERATED; the same test
+  compiles specs and finds every name model.py binds that no spec name gave it here);
+- the few names ruff would rewrite as a method call (LINT).
+
+A model's state-dict keys are these identifiers (compiler/weights.py's state_key calls
+ident), so a checkpoint block's names land on the renamed attributes and a weights file
+is written in the module's own names; the ONNX graph's names (onnx_key) use them too.
+"""
 
 from __future__ import annotations
 
@@ -6,35 +27,90 @@ import builtins
 import keyword
 import re
 import unicodedata
+from pathlib import Path
 
-# names the generated file itself uses; a spec name equal to one is suffixed
-RESERVED = {
-    "torch", "nn", "math", "self", "B", "T", "build", "sdpa", "layer_norm", "gelu",
-    "embedding", "CAUSAL", "causal_mask", "mask_tensor", "take", "device", "dtype", "layer",
-    "l", "logits", "start", "past", "sites", "site", "kv", "project", "ONEDNN",
-} | set(keyword.kwlist) | set(keyword.softkwlist) | set(dir(builtins))
+TEMPLATE = Path(__file__).parent / "templates" / "model.py.j2"
 
-# attributes every nn.Module has: a parameter or submodule of that name would shadow them
-MODULE_ATTRIBUTES = {
-    "training", "forward", "logits", "half", "float", "double", "bfloat16", "to", "cuda", "cpu",
-    "xpu", "ipu", "mtia", "eval", "train", "parameters", "named_parameters", "buffers",
-    "named_buffers", "children", "named_children", "modules", "named_modules", "state_dict",
-    "load_state_dict", "apply", "register_buffer", "register_parameter", "register_module",
-    "add_module", "get_submodule", "get_parameter", "get_buffer", "zero_grad",
-    "requires_grad_", "share_memory", "type", "extra_repr", "reset_parameters",
-    "call_super_init", "dump_patches", "compile", "to_empty", "set_extra_state",
-    "get_extra_state", "register_forward_hook", "register_forward_pre_hook",
-    "register_backward_hook", "register_full_backward_hook", "l", "step", "cache_sites",
-    "cache", "signature",
+# a spec name as the grammar reads it (compiler/grammar.lark's NAME), not inside a longer word
+NAME = r"(?<![\w'^.])[A-Za-z][A-Za-z0-9_]*'*(?:\^[A-Za-z][A-Za-z0-9_]*)?"
+
+# torch.nn.functional's functions that model.py imports, by the name it calls them
+FUNCTIONAL = {"embedding": "embedding", "gelu": "gelu", "layer_norm": "layer_norm",
+              "sdpa": "scaled_dot_product_attention"}
+
+# nn.Module's public attributes (torch 2.13: dir(nn.Module), and `training`, which each
+# instance sets): a parameter or submodule of that name would shadow them
+NN_MODULE = {
+    "T_destination", "add_module", "apply", "bfloat16", "buffers", "call_super_init",
+    "children", "compile", "cpu", "cuda", "double", "dump_patches", "eval", "extra_repr",
+    "float", "forward", "get_buffer", "get_extra_state", "get_parameter", "get_submodule",
+    "half", "ipu", "load_state_dict", "modules", "mtia", "named_buffers", "named_children",
+    "named_modules", "named_parameters", "parameters", "register_backward_hook",
+    "register_buffer", "register_forward_hook", "register_forward_pre_hook",
+    "register_full_backward_hook", "register_full_backward_pre_hook",
+    "register_load_state_dict_post_hook", "register_load_state_dict_pre_hook",
+    "register_module", "register_parameter", "register_state_dict_post_hook",
+    "register_state_dict_pre_hook", "requires_grad_", "set_extra_state", "set_submodule",
+    "share_memory", "state_dict", "to", "to_empty", "train", "training", "type", "xpu",
+    "zero_grad",
 }
-RESERVED |= MODULE_ATTRIBUTES
+
+# what the generated methods bind: locals (the batch and run length, the device, the layer
+# loop's `layer`, step()'s `past` and its sites) and attributes and methods of the classes
+GENERATED = {
+    "self", "B", "T", "device", "dtype", "l", "layer", "start", "past", "sites", "site", "kv",
+    "logits", "step", "cache_sites", "cache", "signature", "reset_parameters", "layers",
+}
+# unittest's deprecated aliases: ruff (UP005) rewrites a call `self.assert_(...)`, so a
+# submodule may not be called so
+LINT = {"assert_", "assertEquals", "assertNotEquals", "assertAlmostEquals",
+        "assertNotAlmostEquals", "assertRegexpMatches", "assertRaisesRegexp", "failUnless",
+        "failIf", "failUnlessEqual", "failIfEqual", "failUnlessAlmostEqual",
+        "failIfAlmostEqual", "failUnlessRaises", "assertDictContainsSubset"}
+# the model's attributes holding its second, third, ... `layers` block (codegen.layers_attr)
+GENERATED_PATTERN = re.compile(r"layers\d+")
+
+
+def template_names(text: str) -> set[str]:
+    """The names a model.py template binds at module level: `import x`, `from m import a as
+    b`, `def f`, `class C`, `X = ...`, each at the start of a line (jinja's `{{ ... }}` are
+    not names)."""
+    names: set[str] = set()
+    for line in text.splitlines():
+        if m := re.match(r"(?:def|class)\s+([A-Za-z_]\w*)", line):
+            names.add(m[1])
+        elif m := re.match(r"([A-Za-z_]\w*)\s*(?::[^=]*)?=(?!=)", line):
+            names.add(m[1])
+        elif m := re.match(r"(?:from\s+\S+\s+)?import\s+(.+)", line):
+            for part in m[1].strip("()").split(","):
+                words = part.split()
+                if words and re.fullmatch(r"[\w.]+", words[-1]):
+                    names.add(words[-1].split(".")[0])
+    return names
+
+
+RESERVED = frozenset(set(keyword.kwlist) | set(keyword.softkwlist) | set(dir(builtins))
+                     | template_names(TEMPLATE.read_text(encoding="utf-8")) | set(FUNCTIONAL)
+                     | NN_MODULE | GENERATED | LINT)
+
+
+def reserved(text: str) -> bool:
+    """Whether model.py already owns the identifier `text`."""
+    return text in RESERVED or GENERATED_PATTERN.fullmatch(text) is not None
 
 
 def ident(name: str) -> str:
-    """`W^Q` -> `W_Q`, `H^(l-1)` -> `H_prev`, `X'^(0)` -> `Xp_0`, `%12` -> `t12`."""
+    """`W^Q` -> `W_Q`, `H^(l-1)` -> `H_prev`, `X'^(0)` -> `Xp_0`, `%12` -> `t12`, `class` ->
+    `class_`."""
     name = unicodedata.normalize("NFKC", name)
     if name.startswith("%"):
         return "t" + name[1:]
+    return unreserved(spell(name))
+
+
+def spell(name: str) -> str:
+    """A spec name in the letters an identifier may hold, before RESERVED is looked at."""
+    name = unicodedata.normalize("NFKC", name)
     m = re.fullmatch(r"(.*)\^\((.*)\)", name)
     layer = None
     if m:
@@ -50,15 +126,27 @@ def ident(name: str) -> str:
         text = "v_" + text
     if text.startswith("__"):
         text = "v" + text
-    if text in RESERVED:
-        text += "_"
     return text
 
 
+def unreserved(text: str) -> str:
+    """`text`, or where it is a reserved name followed by any number of `_`, `text` with as
+    many more `_` as take every name of that kind past the reserved ones: `class` ->
+    `class_`, `assert` -> `assert__` (`assert_` is reserved too), `assert_` -> `assert___`.
+    Distinct names stay distinct, and none comes out reserved."""
+    bases = [text[:len(text) - k] for k in range(len(text) - len(text.rstrip("_")), -1, -1)]
+    base = next((b for b in bases if b and reserved(b)), None)
+    if base is None:
+        return text
+    # one past the most underscores a reserved name of this base has
+    shift = 1 + max(k for k in range(8) if reserved(base + "_" * k))
+    return text + "_" * shift
+
+
 def class_name(module: str) -> str:
-    """`FF^GELU` -> `FF_GELU`, `Mask^AR_next` -> `Mask_AR_next`."""
-    text = ident(module)
-    return text[0].upper() + text[1:] if text[0].islower() else text
+    """`FF^GELU` -> `FF_GELU`, `Mask^AR_next` -> `Mask_AR_next`, `none` -> `None_`."""
+    text = spell(module)
+    return unreserved(text[0].upper() + text[1:])
 
 
 class Namer:
@@ -81,7 +169,7 @@ class Namer:
 
     def _take(self, name: str, base: str) -> str:
         out, k = base, 2
-        while out in self.taken:
+        while out in self.taken or reserved(out):
             out = f"{base}_{k}"
             k += 1
         self.taken.add(out)
