@@ -120,11 +120,13 @@ def store_tree(text: str, filename: str, tree: S.File) -> None:
 
 
 def _encode(x):
-    if dataclasses.is_dataclass(x):
-        return [type(x).__name__, *(_encode(getattr(x, f.name)) for f in _fields(type(x)))]
-    if isinstance(x, Fraction):
+    kind = type(x)
+    names = _FIELD_NAMES.get(kind)
+    if names is not None:
+        return [kind.__name__, *[_encode(getattr(x, n)) for n in names]]
+    if kind is Fraction:
         return [x.numerator, x.denominator]
-    if isinstance(x, (list, tuple)):
+    if kind is list or kind is tuple:
         return [_encode(v) for v in x]
     return x
 
@@ -136,6 +138,7 @@ _CLASSES = {name: cls for name, cls in vars(S).items()
             if isinstance(cls, type) and dataclasses.is_dataclass(cls)
             and cls.__module__ == S.__name__}
 _CLASSES["Span"] = Span
+_FIELD_NAMES = {cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in _CLASSES.values()}
 _ANY_NODE = object()  # an unannotated `list` of statements: any syntax node
 
 
