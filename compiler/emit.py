@@ -199,10 +199,6 @@ def _remove_dead_stages(folder: Path, prefix: str, keep: Path | None) -> None:
                 os.close(fd)
 
 
-def write_text(path: Path, text: str) -> None:
-    atomic_write(path, text)
-
-
 def compile_spec(spec_path: str, out_dir: str, target: str = "torch", preset: str | None = None,
                  sets: dict | None = None, weights: str | None = None, *,
                  opset: int | None = None, optimize: str | None = None,
@@ -256,7 +252,7 @@ def compile_spec(spec_path: str, out_dir: str, target: str = "torch", preset: st
             from .weights import write_safetensors
             write_safetensors(imported.tensors, out.stage / "weights.safetensors")
             names.append("weights.safetensors")
-        write_text(out.stage / "model.py", source)
+        atomic_write(out.stage / "model.py", source)
         names.append("model.py")
         result = Compiled(out.path, out.commit(names), total=cfg.total, warnings=warnings)
     if imported is not None:

@@ -661,10 +661,7 @@ FOUND = [
 @pytest.mark.parametrize("spec, old, new, command", FOUND,
                          ids=[f"{c[0]}:{c[2].strip()[:30]}:{c[3]}" for c in FOUND])
 def test_what_fuzzing_found(spec, old, new, command, tmp_path):
-    import contextlib
-    import io
-    sys.path.insert(0, str(ROOT))
-    from compiler.cli import main
+    from test_bad_input import run_main
     text = (SPECS / spec).read_text(encoding="utf-8")
     assert old in text
     path = tmp_path / spec
@@ -673,14 +670,9 @@ def test_what_fuzzing_found(spec, old, new, command, tmp_path):
             "diff": ["diff", str(path), str(SPECS / spec)],
             "compile": ["compile", str(path), "--target", "torch", "-o", str(tmp_path / "o")],
             }.get(command, [*command.split()[:1], str(path), *command.split()[1:]])
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main(argv)
-        except SystemExit as e:
-            code = e.code
-    problem, signature = _judge(argv, code, out.getvalue(), err.getvalue(), path)
-    assert problem is None, (signature, out.getvalue()[-2000:], err.getvalue()[-2000:])
+    code, out, err = run_main(argv)
+    problem, signature = _judge(argv, code, out, err, path)
+    assert problem is None, (signature, out[-2000:], err[-2000:])
 
 
 def test_fuzz_the_front_half(tmp_path):

@@ -433,6 +433,13 @@ def role_param(names: list[str]) -> str:
 """
 
 
+# the sizes, token input and embedding every role's model starts from
+HEADER = """  hyper Hz = 4, nz = 3, Vz = 5
+  input xz: {1..Vz}^nz
+  param Wz: R[Vz, Hz]
+"""
+
+
 def role_module_param(names: list[str]) -> str:
     params = ", ".join(f"{n}: R[Hz]" for n in names)
     rows, last = _chain("Xz", names)
@@ -443,10 +450,7 @@ def role_module_param(names: list[str]) -> str:
 }}
 
 model Mz {{
-  hyper Hz = 4, nz = 3, Vz = 5
-  input xz: {{1..Vz}}^nz
-  param Wz: R[Vz, Hz]
-  output Yz = Modz(OneHot(xz) @ Wz)
+{HEADER}  output Yz = Modz(OneHot(xz) @ Wz)
 }}
 """
 
@@ -457,10 +461,7 @@ def role_module_hyper(names: list[str]) -> str:
 }}
 
 model Mz {{
-  hyper Hz = 4, nz = 3, Vz = 5
-  input xz: {{1..Vz}}^nz
-  param Wz: R[Vz, Hz]
-  output Yz = Modz[{", ".join(f"{n}=1" for n in names)}](OneHot(xz) @ Wz)
+{HEADER}  output Yz = Modz[{", ".join(f"{n}=1" for n in names)}](OneHot(xz) @ Wz)
 }}
 """
 
@@ -474,10 +475,7 @@ def role_module_input(names: list[str]) -> str:
 }}
 
 model Mz {{
-  hyper Hz = 4, nz = 3, Vz = 5
-  input xz: {{1..Vz}}^nz
-  param Wz: R[Vz, Hz]
-  Ez = OneHot(xz) @ Wz
+{HEADER}  Ez = OneHot(xz) @ Wz
   output Yz = Modz({", ".join("Ez" for _ in names)})
 }}
 """
@@ -486,10 +484,7 @@ model Mz {{
 def role_label(names: list[str]) -> str:
     rows = "\n".join(f"  E{k + 1}z = {n}: LN(E{k}z)" for k, n in enumerate(names))
     return f"""model Mz {{
-  hyper Hz = 4, nz = 3, Vz = 5
-  input xz: {{1..Vz}}^nz
-  param Wz: R[Vz, Hz]
-  E0z = OneHot(xz) @ Wz
+{HEADER}  E0z = OneHot(xz) @ Wz
 {rows}
   output Yz = E{len(names)}z
 }}
@@ -525,10 +520,7 @@ def role_value(names: list[str]) -> str:
 def role_output(names: list[str]) -> str:
     rows = "\n".join(f"  output {n} = Ez * {k + 1}" for k, n in enumerate(names))
     return f"""model Mz {{
-  hyper Hz = 4, nz = 3, Vz = 5
-  input xz: {{1..Vz}}^nz
-  param Wz: R[Vz, Hz]
-  Ez = OneHot(xz) @ Wz
+{HEADER}  Ez = OneHot(xz) @ Wz
 {rows}
 }}
 """
@@ -540,10 +532,7 @@ def role_module(names: list[str]) -> str:
     rows = "\n".join(f"  E{k + 1}z = {n}(E{k}z)" for k, n in enumerate(names))
     return f"""{mods}
 model Mz {{
-  hyper Hz = 4, nz = 3, Vz = 5
-  input xz: {{1..Vz}}^nz
-  param Wz: R[Vz, Hz]
-  E0z = OneHot(xz) @ Wz
+{HEADER}  E0z = OneHot(xz) @ Wz
 {rows}
   output Yz = E{len(names)}z
 }}
@@ -582,10 +571,7 @@ def role_family_index(names: list[str]) -> str:
 }}
 
 model Mz {{
-  hyper Hz = 4, nz = 3, Vz = 5
-  input xz: {{1..Vz}}^nz
-  param Wz: R[Vz, Hz]
-  output Yz = Famz[Kz=2](OneHot(xz) @ Wz)
+{HEADER}  output Yz = Famz[Kz=2](OneHot(xz) @ Wz)
 }}
 """
 
@@ -596,10 +582,7 @@ def role_comprehension_index(names: list[str]) -> str:
                      f"1 if {j} > {i} else 0\n}}\n" for k, (i, j) in enumerate(pairs))
     return f"""{mods}
 model Mz {{
-  hyper Hz = 4, nz = 3, Vz = 5
-  input xz: {{1..Vz}}^nz
-  param Wz: R[Vz, Hz]
-  Ez = OneHot(xz) @ Wz
+{HEADER}  Ez = OneHot(xz) @ Wz
 {_chain("Band0z[nz]", [f"Band{k}z[nz]" for k in range(1, len(pairs))], "M")[0]}
   output Yz = Softmax(M{len(pairs) - 1}z) @ Ez
 }}
