@@ -6,7 +6,9 @@ transformers model's, imported into both fgc backends through `--weights`. Same 
 (float32), same thread count, same prompts; every run makes exactly N new ids after a
 P-id prompt (no stop id), and the three must produce the same ids. Tokens per second are
 batch × N over the wall time of the whole call (the prompt's prefill included), median
-of the repetitions, the runs alternating.
+of the repetitions, the runs alternating, after one untimed run each (in which the torch
+module's `project` times its two CPU kernels at each new shape and keeps the faster; the
+table says which it kept per token, at one row per sequence). Every table names the CPU.
 
     python benchmarks/generate_decode.py [--threads N] [--new 64] [--reps 3] [--write-readme]
 """
@@ -39,7 +41,7 @@ def main() -> None:
 
     import onnxruntime
     import torch
-    from readme import cpu_name, publish
+    from readme import cpu_name, kernels, publish
     from safetensors.torch import load_file, save_file
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -88,7 +90,7 @@ def main() -> None:
                 fn(x)
                 times[name].append(time.perf_counter() - t0)
         rate = {name: batch * args.new / statistics.median(t) for name, t in times.items()}
-        rows.append((batch, rate, same))
+        rows.append((batch, rate, same, kernels(module, batch)))
         print(f"B={batch}: " + ", ".join(f"{k} {v:.1f} tok/s" for k, v in rate.items())
               + f", same ids: {same}", file=sys.stderr)
     tmp.cleanup()
@@ -98,12 +100,13 @@ def main() -> None:
     lines = [f"Greedy generation of {args.new} ids after a {args.prompt}-id prompt, GPT-2 "
              f"small, tokens per second, median of {args.reps} ({machine}):", "",
              "| batch | fgc torch | fgc ONNX | transformers generate | torch vs transformers "
-             "| ONNX vs transformers | ONNX vs torch | same ids |",
-             "|---:|---:|---:|---:|---:|---:|---:|:---:|"]
-    for batch, r, same in rows:
+             "| ONNX vs transformers | ONNX vs torch | same ids | fgc torch's kernel by weight "
+             "shape, per token |",
+             "|---:|---:|---:|---:|---:|---:|---:|:---:|---|"]
+    for batch, r, same, kernel in rows:
         t, o, h = r["fgc torch"], r["fgc onnx"], r["transformers"]
         lines.append(f"| {batch} | {t:.1f} | {o:.1f} | {h:.1f} | **{t / h:.2f}×** | "
-                     f"**{o / h:.2f}×** | {o / t:.2f}× | {'yes' if same else 'no'} |")
+                     f"**{o / h:.2f}×** | {o / t:.2f}× | {'yes' if same else 'no'} | {kernel} |")
     publish(MARK, lines, args.write_readme)
 
 

@@ -1,4 +1,5 @@
-"""Writing a benchmark's table into README.md between its <!-- name --> markers."""
+"""Writing a benchmark's table into README.md between its <!-- name --> markers, and what the
+tables say about the machine."""
 
 from __future__ import annotations
 
@@ -42,3 +43,14 @@ def cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def kernels(module, rows: int) -> str:
+    """Which kernel a compiled model.py's `project` kept for each weight shape at this many
+    rows (its KERNELS, filled by the first products), e.g. "oneDNN: 768 × 768; GEMM: ..."."""
+    picks: dict[str, list[str]] = {}
+    for (bucket, shape, _, _), kernel in module.KERNELS.items():
+        if bucket == rows.bit_length():
+            name = "oneDNN" if kernel is module.onednn else "GEMM"
+            picks.setdefault(name, []).append(" × ".join(map(str, shape)))
+    return "; ".join(f"{k}: {', '.join(v)}" for k, v in sorted(picks.items(), reverse=True))

@@ -2,11 +2,14 @@
 
 Same weights (the HF model's, imported through `--weights`), same dtype, same thread count,
 same inputs; each point alternates the models, with warm-up, and reports the median time per
-forward pass. Both return the logits (fgc's `logits()`). On the CPU in float32, fgc is also
-timed with `ONEDNN = False` (the plain `x @ w` that transformers also runs, see `project` in
-model.py). `--compile` adds both models under torch.compile. Achieved FLOP/s count the
-weight products and attention's two products over the causal half; against the peak where
-the GPU is one of PEAK_BF16's (bfloat16).
+forward pass. Both return the logits (fgc's `logits()`). On the CPU in float32, model.py's
+`project` times oneDNN's inner product against the plain `x @ w` at the first product of
+each shape class (during the warm-up) and keeps the faster; the table says which it kept
+for each weight shape, and fgc is also timed with `ONEDNN = False` (the plain `x @ w`
+everywhere, the GEMM transformers also runs). `--compile` adds both models under
+torch.compile. Achieved FLOP/s count the weight products and attention's two products over
+the causal half; against the peak where the GPU is one of PEAK_BF16's (bfloat16). Every
+table names the CPU.
 
     python benchmarks/torch_forward.py [--threads N] [--reps 20] [--write-readme]
     python benchmarks/torch_forward.py --device cuda --dtype bfloat16 --compile --write-readme
@@ -55,7 +58,7 @@ def main() -> None:
     args = ap.parse_args()
 
     import torch
-    from readme import cpu_name, publish
+    from readme import cpu_name, kernels, publish
     from safetensors.torch import load_file, save_file
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -102,7 +105,7 @@ def main() -> None:
     peak = None
     if device.type == "cuda":
         name = torch.cuda.get_device_name()
-        machine = f"{name}, torch {torch.__version__}, {args.dtype}"
+        machine = f"{name}, host CPU {cpu_name()}, torch {torch.__version__}, {args.dtype}"
         if dtype == torch.bfloat16:
             peak = next((v for k, v in PEAK_BF16.items() if k in name), None)
     else:
@@ -127,7 +130,7 @@ def main() -> None:
                     sync()
                     times[k].append(time.perf_counter() - t0)
             median = {k: statistics.median(v) for k, v in times.items()}
-            rows.append((batch, length, median, diff))
+            rows.append((batch, length, median, diff, kernels(module, batch * length)))
             print(f"B={batch} T={length}: " + ", ".join(
                 f"{k} {v * 1000:.2f} ms" for k, v in median.items())
                 + f"; {median['transformers'] / median['fgc']:.2f}x, max |logit diff| "
@@ -144,12 +147,13 @@ def main() -> None:
     rate = f"{fast}, {'TFLOP/s' if unit == 1e12 else 'GFLOP/s'}"
     if peak:
         rate += f" (of {peak / 1e12:.0f} peak)"
+    choice = "fgc, `ONEDNN = False`" in runs
     head = ["batch × length", *(f"{k}" for k in runs), *(p[2] for p in pairs), rate,
-            "max abs logit difference"]
+            "max abs logit difference", *(["fgc's kernel by weight shape"] if choice else [])]
     lines = [f"Forward pass of released GPT-2 small, logits, median of {args.reps} "
              f"({machine}):", "", "| " + " | ".join(head) + " |",
-             "|---|" + "---:|" * (len(head) - 1)]
-    for batch, length, median, diff in rows:
+             "|---|" + "---:|" * (len(head) - 1 - choice) + "---|" * choice]
+    for batch, length, median, diff, kept in rows:
         ratios = []
         for ours_k, theirs_k, label in pairs:
             r = f"{median[theirs_k] / median[ours_k]:.2f}×"
@@ -160,10 +164,12 @@ def main() -> None:
             cell += f" ({achieved / peak:.0%})"
         lines.append(f"| {batch} × {length} | "
                      + " | ".join(f"{median[k] * 1000:.2f} ms" for k in runs)
-                     + " | " + " | ".join(ratios) + f" | {cell} | {diff:.1e} |")
+                     + " | " + " | ".join(ratios) + f" | {cell} | {diff:.1e} |"
+                     + (f" {kept} |" if choice else ""))
     mark = MARK if (device.type, args.dtype, args.compile) == ("cpu", "float32", False) \
         else f"{MARK}-{device.type}-{args.dtype}{'-compile' if args.compile else ''}"
     publish(mark, lines, args.write_readme, after=MARK)
+
 
 if __name__ == "__main__":
     main()

@@ -146,10 +146,13 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("action", choices=["info", "clear"])
 
     r = sub.add_parser("ir", help="print the elaborated IR")
-    r.add_argument("file", metavar="FILE")
+    r.add_argument("file", metavar="FILE", nargs="?", help="the spec (not with json-schema)")
     _config_args(r)
     r.add_argument("--symbolic", action="store_true",
                    help="keep hyperparameters symbolic (the default without --preset/--set)")
+    r.add_argument("--format", choices=["text", "json", "json-schema"], default="text",
+                   help="json: the IR as a versioned JSON document; json-schema: that "
+                   "document's JSON schema")
     return p
 
 
@@ -231,7 +234,7 @@ def _set_arg(text: str) -> str:
         if value:
             from lark import Token
 
-            from .parse import parse_number
+            from .syntax.nodes import parse_number
             tok = Token("INT", value)
             tok.line = tok.column = tok.end_line = tok.end_column = 1
             try:
@@ -622,7 +625,7 @@ def _params_together(args) -> int:
     from argparse import Namespace
 
     from .errors import Sources
-    from .sharing import joint
+    from .passes.sharing import joint
     try:
         sets = _sets(args.set)
     except _Usage as e:
@@ -660,7 +663,7 @@ def _params_together(args) -> int:
     if args.format == "json":
         print(json.dumps(report, indent=2))
         return EXIT_OK
-    from .symbolic import human
+    from .elaborate.symbolic import human
     from .table import use_color
     for r in reports:
         print(format_params_text(r, args.by_module, use_color()))
@@ -683,8 +686,8 @@ def _params_together(args) -> int:
 
 def params_report(spec, cfg, sym) -> dict:
     """Everything `fgc params` says, as plain data (the JSON output)."""
-    from .params import as_int, formula, per_module
-    from .symbolic import format_poly
+    from .elaborate.symbolic import format_poly
+    from .passes.params import as_int, formula, per_module
     hypers = sym.hypers
     sym_total = sym.count.total()
     expanded = hypers.expand(sym_total)
@@ -735,8 +738,8 @@ def params_report(spec, cfg, sym) -> dict:
 
 def _shared_with(cfg) -> list[dict]:
     """The spec's `share ... with` declarations: what it has in common with another spec."""
-    from .params import as_int
-    from .sharing import tensors
+    from .passes.params import as_int
+    from .passes.sharing import tensors
     out = []
     for decl in cfg.model.shared_with:
         found = tensors(cfg, decl.names)
@@ -748,7 +751,7 @@ def _shared_with(cfg) -> list[dict]:
 
 
 def _module_of(cfg, instance: str) -> str:
-    from . import ir
+    from .elaborate import ir
     for item in cfg.model.body:
         eqns = item.body if isinstance(item, ir.Loop) else [item]
         for e in eqns:
@@ -758,7 +761,7 @@ def _module_of(cfg, instance: str) -> str:
 
 
 def format_params_text(r: dict, by_module: bool, color: bool = False) -> str:
-    from .symbolic import human
+    from .elaborate.symbolic import human
     from .table import table
     lines = []
     where = f"preset {r['preset']}" if r["preset"] not in ("defaults",) else "defaults"
@@ -810,8 +813,8 @@ def cmd_diff(args) -> int:
     """Exit 0 when the two are equivalent, 1 when they differ, 2 on any trouble (as diff)."""
     from argparse import Namespace
 
-    from .diff import Side, compare, format_text
     from .table import use_color
+    from .tools.diff import Side, compare, format_text
     sides = []
     for key, path in (("a", args.a), ("b", args.b)):
         spec, code = _load_model(path, trouble=EXIT_USAGE)
@@ -844,7 +847,7 @@ def cmd_render(args) -> int:
 
     from runtime.files import atomic_write
 
-    from . import render
+    from .tools import render
     spec, code = _load(args.file)
     if spec is None:
         return code
@@ -1059,11 +1062,11 @@ def cmd_generate(args) -> int:
     if spec is None:
         return code
     from .errors import FgcError
-    from .incremental import derive
+    from .passes.incremental import derive
     sym = _symbolic(spec)
     if sym is None:
         return EXIT_SPEC
-    from .ir import state_pairs
+    from .elaborate.ir import state_pairs
     try:
         derive(sym.model, sym.functions)
         cached = True
@@ -1181,7 +1184,13 @@ def _torch_model(folder):
 
 def cmd_ir(args) -> int:
     from .errors import FgcError
-    from .printer import format_model
+    from .tools.printer import format_json, format_model, json_schema
+    if args.format == "json-schema":
+        print(json.dumps(json_schema(), indent=1))
+        return EXIT_OK
+    if args.file is None:
+        print("fgc: error: the following arguments are required: FILE", file=sys.stderr)
+        return EXIT_USAGE
     spec, code = _load_model(args.file)
     if spec is None:
         return code
@@ -1196,10 +1205,13 @@ def cmd_ir(args) -> int:
         if cfg is None:
             return code
     if cfg.name != "symbolic":
-        from .ir import Hyper
+        from .elaborate.ir import Hyper
         order = [h.name for h in spec.model.hypers]
         cfg.model.hypers = [Hyper(name=k, default=cfg.values[k]) for k in order]
-    print(format_model(cfg.model, cfg.functions), end="")
+    if args.format == "json":
+        print(format_json(cfg.model, cfg.functions), end="")
+    else:
+        print(format_model(cfg.model, cfg.functions), end="")
     return EXIT_OK
 
 

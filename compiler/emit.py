@@ -210,7 +210,7 @@ def compile_spec(spec_path: str, out_dir: str, target: str = "torch", preset: st
     `model.onnx.data` past protobuf's 2 GiB or with `external_data`); `opset` (default
     23), `optimize="ort"` for onnxruntime's fused operators, `seed` for the random
     initialisation used without `weights`, `kv_cache` for the incremental form (past
-    keys and values in, present ones out: see compiler/incremental.py); the torch
+    keys and values in, present ones out: see compiler/passes/incremental.py); the torch
     module of an autoregressive spec always has it, as `step()`. Checkpoint tensors
     holding NaN or Inf are named in `Compiled.warnings`; with `strict`, they are an error."""
     if target not in ("torch", "onnx"):
@@ -225,7 +225,7 @@ def compile_spec(spec_path: str, out_dir: str, target: str = "torch", preset: st
         raise FgcError(f"`{spec.model.name}` has no preset `{preset}` (presets: "
                        f"{', '.join(spec.presets()) or 'none'})", None)
     cfg = spec.configure(preset, sets or {})
-    from .budget import check_budget
+    from .passes.budget import check_budget
     check_budget(spec, cfg, target, kv_cache)  # refuse what cannot finish, before any work
     if target == "onnx":
         prepare_output(out_dir)
@@ -239,8 +239,8 @@ def compile_spec(spec_path: str, out_dir: str, target: str = "torch", preset: st
     try:
         source = Generator(spec, spec.symbolic(), cfg.values, spec.sources, preset).generate()
     except Unsupported as e:
-        raise FgcError(f"the torch backend cannot lower this spec: {e}", spec.model.span) \
-            from None
+        raise FgcError(f"the torch backend cannot lower this spec: {e}",
+                       e.span or spec.model.span) from None
     imported = None
     if weights is not None:
         from .weights import import_checkpoint
@@ -315,8 +315,8 @@ def _compile_onnx(spec, cfg, preset, out_dir, weights, opset, optimize, external
                      preset=preset, kv_cache=kv_cache)
         model, blobs = lw.lower(DATA_FILE if external else None, stream=not external)
     except Unsupported as e:
-        raise FgcError(f"the ONNX backend cannot lower this spec: {e}", spec.model.span) \
-            from None
+        raise FgcError(f"the ONNX backend cannot lower this spec: {e}",
+                       e.span or spec.model.span) from None
     files = write_onnx(model, blobs, out_dir, external)
     result = Compiled(Path(out_dir), files, total=cfg.total, warnings=warnings)
     if imported is not None:

@@ -14,12 +14,9 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
 
-from . import ir
-from . import syntax as S
-from .errors import Diagnostic, FgcError, Sources, Span
-from .params import Count, as_int, count, formula
-from .parse import parse_number, parse_text
-from .shapes import (
+from . import lowering
+from .elaborate import ir
+from .elaborate.elaborator import (
     Conditions,
     Elaborator,
     Hypers,
@@ -28,7 +25,13 @@ from .shapes import (
     _names_in,
     _show_expr,
 )
-from .symbolic import Poly, format_int, format_poly, human
+from .elaborate.symbolic import Poly, format_int, format_poly, human
+from .errors import Diagnostic, FgcError, Sources, Span
+from .passes.params import Count, as_int, count, formula
+from .passes.sharing import common_configs, compare, other_path
+from .syntax import nodes as S
+from .syntax.nodes import parse_number
+from .syntax.parse import parse_text
 
 STDLIB = Path(__file__).parent / "stdlib" / "stdlib.fgpt"
 MAX_FILE_BYTES = 512 * 1024  # the largest shipped spec is a few KiB
@@ -487,6 +490,8 @@ class Spec:
             sym = self.symbolic()
         except FgcError as e:
             return errors + e.diagnostics, warnings
+        # what no backend can lower is refused here, located, rather than at compile time
+        errors.extend(lowering.check(sym.model, sym.functions))
         total = sym.count.total()
         warnings.extend(sym.warnings)
         hypers: Hypers = sym.hypers  # type: ignore[attr-defined]
@@ -540,8 +545,7 @@ class Spec:
                 if d is not None:
                     (errors if d.severity == "error" else warnings).append(d)
         if sym.model.shared_with:
-            from .sharing import check as check_shared
-            errors.extend(check_shared(self, sym))
+            errors.extend(_check_shared(self, sym))
         return _dedupe(errors), warnings
 
 
@@ -758,6 +762,87 @@ def load(path: str, text: str | None = None) -> Spec:
         own[mod.name] = mod
     modules.update(own)
     return Spec(path, sources, file, modules)
+
+
+def _check_shared(spec: Spec, sym: Config) -> list[Diagnostic]:
+    """Every `share ... with` of a spec against the spec it names: that spec reads and
+    elaborates, and in each configuration both have it holds the shared tensors with the
+    same shapes. What the other file holds is never quoted: where it does not read, parse
+    or elaborate, the error says where and asks for `fgc check` of it."""
+    errors: list[Diagnostic] = []
+    for decl in sym.model.shared_with:
+        try:
+            path = other_path(spec.path, decl)
+        except FgcError as e:
+            errors += e.diagnostics
+            continue
+        if os.path.realpath(path) == os.path.realpath(spec.path):
+            errors.append(Diagnostic("error", f"`share ... with \"{decl.spec}\"` names this "
+                                     "spec itself", decl.spec_span,
+                                     "name the other spec whose tensors these are"))
+            continue
+        other = _load_other(path, decl, errors)
+        if other is None:
+            continue
+        if not other.file.models:
+            errors.append(Diagnostic("error", f"{decl.spec} defines no model to share with",
+                                     decl.spec_span))
+            continue
+        configs = common_configs(spec, other)
+        if not configs:
+            errors.append(Diagnostic(
+                "error", f"{spec.path} and {decl.spec} have no configuration in common, so "
+                "the shapes of what they share cannot be compared", decl.span,
+                "give both a preset of the same name"))
+            continue
+        for name in configs:
+            label = f"preset `{name}`" if name else "the defaults"
+            try:
+                mine = spec.configure(name)
+            except FgcError:
+                continue  # reported by this spec's own checks
+            try:
+                theirs = other.configure(name)
+            except FgcError as e:
+                errors.append(Diagnostic(
+                    "error", f"`{decl.spec}` does not elaborate with {label}"
+                    f"{_where(e)}", decl.spec_span, f"run `fgc check {path}`"))
+                continue
+            found = compare(decl, mine, theirs, label, decl.spec)
+            errors += found
+            if found:
+                break  # one configuration's mismatches say it; the others would repeat it
+    return errors
+
+
+def _load_other(path: Path, decl: ir.SharedWith, errors: list[Diagnostic]):
+    """The other spec, or None with an error that says why without quoting it."""
+    try:
+        text = read_source(str(path))
+    except FgcError as e:
+        if not hasattr(e, "text"):  # it cannot be read (the reason quotes nothing of it)
+            errors.append(Diagnostic(
+                "error", f"`share ... with \"{decl.spec}\"`: {e.diagnostics[0].message}",
+                decl.spec_span,
+                "the path is relative to this spec's folder" if not path.exists() else
+                f"run `fgc check {path}`"))
+            return None
+        text = None  # read, but not text: fall through to the parse error below
+        error = e
+    if text is not None:
+        try:
+            return load(str(path), text)
+        except FgcError as e:
+            error = e
+    errors.append(Diagnostic("error", f"`{decl.spec}` does not parse{_where(error)}",
+                             decl.spec_span, f"run `fgc check {path}`"))
+    return None
+
+
+def _where(e: FgcError) -> str:
+    """` (other.fgpt:3:9)`: where another file's first problem is, without its text."""
+    span = e.diagnostics[0].span if e.diagnostics else None
+    return f" ({span})" if span is not None else ""
 
 
 _HYPER_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*'*(\^[A-Za-z][A-Za-z0-9_]*)?")

@@ -26,12 +26,11 @@ import numpy as np
 
 from runtime.files import FileError, open_atomic, open_regular
 
-from . import ir
-from . import syntax as S
-from .backends.torch.codegen import family_layout, layers_attr
-from .backends.torch.names import ident
+from .elaborate import ir
 from .errors import Diagnostic, FgcError, Span
-from .params import Entry, as_int
+from .names import family_layout, ident, layers_attr
+from .passes.params import Entry, as_int
+from .syntax import nodes as S
 
 
 @dataclass
@@ -268,7 +267,7 @@ def _layers_of(entry: Entry, cfg) -> list[int | None]:
     hi = as_int(loop.hi)
     if copies == hi:
         return list(range(1, hi + 1))
-    from .shapes import guard_holds
+    from .elaborate.elaborator import guard_holds
     env = {k: v.const_value() for k, v in cfg.values.items() if hasattr(v, "const_value")}
     return [layer for layer in range(1, hi + 1)
             if all(guard_holds(g, {**env, loop.var: layer}) for g in entry.guards)]

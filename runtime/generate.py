@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .segments import run_segments
 from .session import Model, RuntimeError_
 
 
@@ -277,8 +278,6 @@ class _StateRunner:
     when the model has no `logits` output (an adaptive softmax)."""
 
     def __init__(self, model, cache: bool):
-        from .segments import run_segments
-        self.run_segments = run_segments
         self.model = model
         self.cached = cache
         self.onnx = isinstance(model, Model)
@@ -313,10 +312,10 @@ class _StateRunner:
     def _run(self, ids: np.ndarray, state):
         x = ids if self.onnx else self.torch.as_tensor(ids, device=self.device)
         if self.onnx:
-            outputs, state = self.run_segments(self.model, {self.tokens: x}, state=state)
+            outputs, state = run_segments(self.model, {self.tokens: x}, state=state)
         else:
             with self.torch.inference_mode():
-                outputs, state = self.run_segments(self.model, {self.tokens: x}, state=state)
+                outputs, state = run_segments(self.model, {self.tokens: x}, state=state)
         last = outputs[self.scores][:, -1]
         last = last if self.onnx else last.float().cpu().numpy()
         return (np.log(np.maximum(last, 1e-30)) if self.log else last), state

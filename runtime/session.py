@@ -342,12 +342,6 @@ class Model:
             raise RuntimeError_(f"onnxruntime failed: {str(e)[:300]}") from None
         return dict(zip(self.outputs, values))
 
-    def run_segments(self, inputs: dict[str, np.ndarray], segment: int | None = None,
-                     state: dict[str, np.ndarray] | None = None):
-        """A long sequence, segment by segment, carrying the state: see runtime.segments."""
-        from .segments import run_segments
-        return run_segments(self, inputs, segment, state)
-
     def describe(self, result: dict[str, np.ndarray], top: int = 5) -> list[str]:
         lines = []
         for name, value in result.items():

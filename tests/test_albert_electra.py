@@ -454,7 +454,7 @@ def test_a_module_under_a_condition_on_sizes(tmp_path):
     path.write_text(CONDITIONAL)
     spec = load(str(path))
     assert spec.check() == ([], [])
-    from compiler.params import formula
+    from compiler.passes.params import formula
     assert formula(spec.symbolic().count) == "E*V + H*V + [E != H]*(E*H + H)"
     for preset, expected in ((None, 4 * 11 + 8 * 11 + 4 * 8 + 8), ("wide", 8 * 11 + 8 * 11)):
         assert spec.configure(preset).total == expected

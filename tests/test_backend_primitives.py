@@ -24,11 +24,11 @@ import numpy as np
 import pytest
 from test_torch_backend import import_model
 
-from compiler import ir
+from compiler.elaborate import ir
+from compiler.elaborate.primitives import PRIMITIVES
+from compiler.elaborate.symbolic import Poly
 from compiler.emit import compile_spec
 from compiler.pipeline import load
-from compiler.primitives import PRIMITIVES
-from compiler.symbolic import Poly
 from compiler.weights import parameter_keys
 
 torch = pytest.importorskip("torch")

@@ -2,7 +2,7 @@
 materialised.
 
 GPT-2 with 100,000 layers of width 8 once ran `fgc compile --target onnx` for ten minutes
-toward 17 GB: the ONNX graph unrolls the layers. `compiler.budget` estimates the graph from
+toward 17 GB: the ONNX graph unrolls the layers. `compiler.passes.budget` estimates the graph from
 the IR (each module's equations counted once, times the layers) and refuses past its limit,
 in well under a second and a small address space. An element-wise table over a size
 (`Row[j] = j`) at K = 10^9 once built a 7.45 GiB constant; the ONNX lowering now makes
@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from compiler import budget
 from compiler.errors import FgcError
+from compiler.passes import budget
 from compiler.pipeline import load
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -188,8 +188,8 @@ def test_readme_diff_output_is_current(command, shown):
 
 def test_colour_only_on_a_terminal():
     from compiler.cli import main  # noqa: F401 - the CLI is importable without torch
-    from compiler.diff import Side, compare, format_text
     from compiler.pipeline import load
+    from compiler.tools.diff import Side, compare, format_text
     sides = []
     for path in ("specs/formal/gpt.fgpt", "specs/formal/gpt2.fgpt"):
         spec = load(str(ROOT / path))

@@ -10,7 +10,7 @@ DEFAULT_CASES; e.g. FGC_FUZZ_CASES=50000 for a long run):
     `-1`, `1_`, `3K`); identifiers inserted (Python keywords, nn.Module attributes, the
     names model.py binds); lines deleted, duplicated or swapped; bytes deleted, duplicated
     or inserted (NUL, invalid UTF-8); the file truncated;
-  - specs derived at random from compiler/grammar.lark's own rules (so they follow the
+  - specs derived at random from compiler/syntax/grammar.lark's own rules (so they follow the
     grammar as it changes), with the terminals drawn from pools of plausible tokens;
   - test_properties.py's hypothesis strategies (near-valid models, generated programs,
     models with their own modules), drawn from a fixed seed.
@@ -94,7 +94,7 @@ GPT2 = ROOT / "specs" / "formal" / "gpt2.fgpt"
 def identifiers() -> list[str]:
     """Python's keywords, nn.Module's attributes and the names model.py binds: what a spec
     name must never clash with in the emitted code."""
-    from compiler.backends.torch.names import GENERATED, NN_MODULE
+    from compiler.names import GENERATED, NN_MODULE
     return sorted(set(_KEYWORDS) | NN_MODULE | GENERATED | {"__init__", "__class__", "super",
                                                             "self", "torch", "nn", "math"})
 
@@ -189,7 +189,7 @@ def _token_edge(rng: random.Random, text: str, toks: list[tuple[int, int]]) -> i
 
 
 class GrammarSpecs:
-    """Random derivations of compiler/grammar.lark's rules: plausible specs that follow the
+    """Random derivations of compiler/syntax/grammar.lark's rules: plausible specs that follow the
     grammar as it changes. Deep or long derivations finish along the shortest expansions."""
 
     TERMINALS = {
@@ -211,7 +211,7 @@ class GrammarSpecs:
     def __init__(self, max_depth: int = 14, max_tokens: int = 300):
         import lark
         from lark.lexer import PatternStr
-        grammar = (ROOT / "compiler" / "grammar.lark").read_text(encoding="utf-8")
+        grammar = (ROOT / "compiler" / "syntax" / "grammar.lark").read_text(encoding="utf-8")
         # Earley builds no tables: this only reads the grammar's rules and terminals
         parsed = lark.Lark(grammar, parser="earley", lexer="dynamic")
         self.rules: dict[str, list[list]] = {}
@@ -347,7 +347,7 @@ class CommandTimeout(BaseException):
 
 
 def _innermost(tb) -> str:
-    """`compiler/shapes.py:123 in _eval`: the deepest frame of fgc's own code."""
+    """`compiler/elaborate/elaborator.py:123 in _eval`: the deepest frame of fgc's own code."""
     import traceback
     where = "?"
     for frame in traceback.extract_tb(tb):
@@ -695,7 +695,7 @@ def test_grammar_derived_specs_are_grammatical():
     words, a malformed number)."""
     sys.path.insert(0, str(ROOT))
     from compiler.errors import FgcError
-    from compiler.parse_tree import parse_uncached
+    from compiler.syntax.parse_tree import parse_uncached
     rng, names, grammar = random.Random(SEED), identifiers(), GrammarSpecs()
     for k in range(60):
         text = grammar.spec(rng, names)

@@ -1,6 +1,6 @@
 """Generation with the incremental (key/value cache) form, in both backends.
 
-The compiler derives the incremental form from the IR (compiler/incremental.py): which
+The compiler derives the incremental form from the IR (compiler/passes/incremental.py): which
 attentions keep keys and values, and that nothing else mixes positions. These tests hold
 it to the full model: run in pieces with a cache, every spec that has the form gives the
 logits of one full run; greedy generation with the cache gives the ids of generation that
@@ -21,7 +21,7 @@ from conftest import ROOT, fgc, peaked_weights
 from compiler.backends.onnx.lower import Lowerer
 from compiler.emit import compile_spec, prepare_output, write_onnx
 from compiler.errors import FgcError
-from compiler.incremental import NotIncremental, derive
+from compiler.passes.incremental import NotIncremental, derive
 from compiler.pipeline import load
 from compiler.weights import parameter_keys
 from runtime import RuntimeError_, Sampler, generate

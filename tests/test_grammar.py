@@ -15,8 +15,8 @@ import lark
 import pytest
 from conftest import GOLDEN, ROOT, all_specs
 
-from compiler.parse import GRAMMAR, parse_text
-from compiler.parse_tree import parser
+from compiler.syntax.parse import parse_text
+from compiler.syntax.parse_tree import GRAMMAR, parser
 
 STDLIB = ROOT / "compiler" / "stdlib" / "stdlib.fgpt"
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from compiler.ir import Ell, TensorType
-from compiler.primitives import CALLABLE, PRIMITIVES, ShapeError
-from compiler.shapes import Hypers
-from compiler.symbolic import Poly
+from compiler.elaborate.elaborator import Hypers
+from compiler.elaborate.ir import Ell, TensorType
+from compiler.elaborate.primitives import CALLABLE, PRIMITIVES, ShapeError
+from compiler.elaborate.symbolic import Poly
 
 n, H, D, A = (Poly.sym(s) for s in ("n", "H", "D", "A"))
 dims = Hypers(values={}, derived={"D": H / A})

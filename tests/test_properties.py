@@ -26,8 +26,8 @@ from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
 from compiler.cli import main
-from compiler.parse import parse_text
-from compiler.primitives import CALLABLE
+from compiler.elaborate.primitives import CALLABLE
+from compiler.syntax.parse import parse_text
 
 STDLIB = ROOT / "compiler" / "stdlib" / "stdlib.fgpt"
 SOURCES = all_specs() + [STDLIB]
@@ -397,7 +397,7 @@ programs = st.lists(st.one_of(model_text(), module_text()), min_size=1, max_size
 @given(programs)
 def test_generated_programs_are_grammatical(text):
     """The generator writes only what the grammar accepts (a check on both)."""
-    from compiler.parse_tree import parser
+    from compiler.syntax.parse_tree import parser
     note(text)
     parser().parse(text)
 

@@ -3,7 +3,7 @@
 A spec may give a thing a name that Python, torch or the generated file itself already uses:
 `class`, `len`, `torch`, `per_member`, `forward`, `state_dict`, `set_submodule`... `fgc check`
 accepts them, so the backends must too: the torch backend renames them (one rule, in
-compiler/backends/torch/names.py) while the checkpoint names stay the spec's own, and the
+compiler/names.py) while the checkpoint names stay the spec's own, and the
 ONNX graph keeps every value's name distinct.
 
 (a) the reserved set is derived and complete: it covers dir(torch.nn.Module), Python's
@@ -33,20 +33,20 @@ import pytest
 from conftest import ROOT
 from test_torch_backend import assert_safe_module, hostile_spec, import_model, ruff_cmd
 
-from compiler import ir
-from compiler.backends.torch.codegen import layers_attr
-from compiler.backends.torch.names import (
+from compiler.cli import main as fgc_main
+from compiler.elaborate import ir
+from compiler.emit import compile_spec
+from compiler.names import (
     FUNCTIONAL,
     NN_MODULE,
     RESERVED,
     TEMPLATE,
     class_name,
     ident,
+    layers_attr,
     reserved,
     template_names,
 )
-from compiler.cli import main as fgc_main
-from compiler.emit import compile_spec
 from compiler.pipeline import load
 from compiler.weights import parameter_keys
 
@@ -55,8 +55,8 @@ ort = pytest.importorskip("onnxruntime")
 from safetensors.numpy import load_file, save_file  # noqa: E402
 
 # a spec name as the grammar reads one (its NAME terminal, read from the grammar itself)
-_TERMINAL = re.search(r"^NAME: /(.*)/$", (ROOT / "compiler" / "grammar.lark").read_text("utf-8"),
-                      re.MULTILINE)[1]
+_GRAMMAR = (ROOT / "compiler" / "syntax" / "grammar.lark").read_text("utf-8")
+_TERMINAL = re.search(r"^NAME: /(.*)/$", _GRAMMAR, re.MULTILINE)[1]
 SPEC_NAME = re.compile(_TERMINAL)
 # every reserved name a spec can write (`_x`, `in`, `layers`... cannot be written)
 POOL = sorted(n for n in RESERVED if SPEC_NAME.fullmatch(n))

@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 from conftest import ROOT
 
-from compiler import cache
 from compiler.emit import compile_spec
 from compiler.errors import FgcError
-from compiler.parse_tree import parse_uncached
+from compiler.syntax import cache
+from compiler.syntax.parse_tree import parse_uncached
 
 TINY = {"L": 1, "H": 16, "A": 2, "V": 50, "n": 16}
 TINY_ARGS = [a for k, v in TINY.items() for a in ("--set", f"{k}={v}")]
@@ -124,7 +124,7 @@ def test_planted_parse_cache_entry_is_rebuilt(kind, tmp_path, monkeypatch):
     marker = tmp_path / "exploded"
     entry.write_bytes(PLANTS[kind](str(marker)))
     assert cache.load_tree(text, "gpt2.fgpt") is None
-    from compiler.parse import parse_text
+    from compiler.syntax.parse import parse_text
     assert parse_text(text, "gpt2.fgpt") == parse_uncached(text, "gpt2.fgpt")
     assert not marker.exists()
     assert cache.load_tree(text, "gpt2.fgpt") is not None  # rewritten

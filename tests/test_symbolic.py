@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from compiler.symbolic import Poly, format_int, format_poly, human
+from compiler.elaborate.symbolic import Poly, format_int, format_poly, human
 
 H, A, D, L = (Poly.sym(s) for s in "HADL")
 

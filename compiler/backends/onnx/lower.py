@@ -27,13 +27,21 @@ from fractions import Fraction
 
 import numpy as np
 
-from ... import ir
-from ...incremental import Incremental, derive
-from ...ir import Ell, Eqn, Operand, sequence_symbols, state_pairs
-from ...shapes import guard_holds
-from ...symbolic import Atom, Poly, format_poly
-from ..torch.codegen import family_layout, init_kind
-from ..torch.names import ident
+from ...elaborate import ir
+from ...elaborate.elaborator import guard_holds
+from ...elaborate.intrinsics import (
+    CAUSAL,
+    NO_MASK,
+    STRICT_CAUSAL,
+    WINDOW,
+    intrinsic,
+    mask_kind,
+)
+from ...elaborate.ir import Ell, Eqn, Operand, sequence_symbols, state_pairs
+from ...elaborate.symbolic import Atom, Poly, format_poly
+from ...lowering import prepare
+from ...names import family_layout, ident
+from ...passes.incremental import Incremental, derive
 from .graph import ORT_DOMAIN, Graph, Node
 
 DEFAULT_OPSET = 23
@@ -44,7 +52,10 @@ CONST_LIMIT = 64 * 1024  # bytes: a larger table of indices is a Range, made at 
 
 
 class Unsupported(Exception):
-    """A construct the ONNX backend does not lower; carries a user-facing message."""
+    """A construct the ONNX backend does not lower; carries a user-facing message and the
+    span of the innermost equation it was found in."""
+
+    span = None
 
 
 @dataclass(eq=False)
@@ -111,8 +122,8 @@ class Lowerer:
             raise Unsupported(f"opset {opset} is not supported; choose {MIN_OPSET} to "
                               f"{MAX_OPSET}")
         self.spec = spec
-        self.model: ir.Model = cfg.model
-        self.functions: dict[str, ir.Function] = cfg.functions
+        # the IR with the shared lowering's operations (compiler/lowering)
+        self.model, self.functions = prepare(cfg.model, cfg.functions)
         self.values = values
         self.opset = opset
         self.optimize = optimize
@@ -249,10 +260,9 @@ class Lowerer:
             if tuple(arr.shape) != shape:
                 raise Unsupported(f"`{key}` has shape {list(arr.shape)}, expected {list(shape)}")
             return np.ascontiguousarray(arr, dtype=np.float32)
-        kind = init_kind(p.name)
-        if kind == "ones":
+        if p.init == "ones":
             return np.ones(shape, np.float32)
-        if kind == "zeros":
+        if p.init == "zeros":
             return np.zeros(shape, np.float32)
         digest = hashlib.sha256(f"{self.seed}/{key}".encode()).digest()
         rng = np.random.default_rng(int.from_bytes(digest[:8], "little"))
@@ -699,9 +709,7 @@ class Lowerer:
                 ins = [self.operand(o, e, scope) for o in e.ins]
                 outs = [lowering(self, e, ins, scope)]
         except Unsupported as err:
-            if e.span is not None and not str(err).startswith(e.span.file.rsplit("/", 1)[-1]):
-                raise Unsupported(f"{e.span.file.rsplit('/', 1)[-1]}:{e.span.line}: {err}") \
-                    from None
+            err.span = err.span or e.span
             raise
         for out, v in zip(e.outs, outs):
             scope.vals[out.name] = v
@@ -775,8 +783,7 @@ class Lowerer:
                     s = next(iter(d.symbols()))
                     env.setdefault(s, actual)
                     penv.setdefault(s, actual)
-        table = self.inc is not None and not fn.inputs and not (
-            fn.builtin and fn.name in ("Mask^AR", "Mask^AR_next", "Mask^BD")) and any(
+        table = self.inc is not None and not fn.inputs and mask_kind(fn) not in LAZY_MASKS and any(
             isinstance(x, Poly) and not self.from_past(x).is_const() for x in env.values())
         if table:  # positions or a banded mask: made for past + T rows, read from row past
             for name in bindings:
@@ -790,8 +797,9 @@ class Lowerer:
         role = self.family_role(e, scope)
         callee = Scope(fn, env, penv, path, scope.layer, scope.numeric)
         callee.ells = ells
-        if fn.builtin and fn.name in BUILTIN and not (e.family and fn.params):
-            out = BUILTIN[fn.name](self, callee, ins, e)
+        lower = fused(fn, self.optimize)
+        if lower is not None and not (e.family and fn.params):
+            out = lower(self, callee, ins, e)
             if out is not None:
                 return out
         key = None
@@ -1223,12 +1231,25 @@ def _argmax(lw: Lowerer, e: Eqn, ins: list[V], scope: Scope) -> V:
     return _out(lw, e, scope, x.roles, "int", out, offset=1)
 
 
+def _members(lw: Lowerer, e: Eqn, ins: list[V], scope: Scope) -> V:
+    """An axis of the operand's own as the family axis (the role of the family index)."""
+    x = lw.canonical(ins[0])
+    role = lw.family_role(e, scope)
+    roles = tuple(sorted((*x.roles, role), key=lambda r: r.order))
+    src = len(x.roles) + e.attrs["axis"]
+    perm = list(range(len(x.roles) + len(x.own)))
+    perm.insert(roles.index(role), perm.pop(src))
+    out = lw.g.op("Transpose", [x.name], _label(e, scope, "members"), perm=perm)
+    return _out(lw, e, scope, roles, x.dtype, out, offset=x.offset, fam=role)
+
+
 LOWER = {
     **{op: _binary for op in ONNX_BINARY}, **{op: _unary for op in ONNX_UNARY},
     "sum": _reduce, "mean": _reduce, "amax": _reduce, "matmul": _matmul,
     "transpose": _transpose, "concat": _concat, "vconcat": _concat, "index": _index,
     "iota": _iota, "broadcast_to": _broadcast_to, "select": _select,
     "invperm": _argsort_like, "argsort": _argsort_like, "argmax": _argmax,
+    "members": _members,
 }
 
 
@@ -1274,11 +1295,10 @@ def _softmax(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
 
 
 def _layer_norm(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
-    if {p.name for p in callee.fn.params} != {"gamma", "beta"} or not ins[0].own:
+    if not ins[0].own:
         return None
     x = lw.as_real(lw.canonical(ins[0]))
-    gamma = lw.param(callee, "gamma", None).name
-    beta = lw.param(callee, "beta", None).name
+    gamma, beta = (lw.param(callee, name, None).name for name in intrinsic(callee.fn).params)
     eps = callee.env.get("eps")
     eps = eps if isinstance(eps, float) else float(eps.const_value())
     path = callee.path
@@ -1303,30 +1323,34 @@ def _layer_norm(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
     return [v]
 
 
-def _gelu(approximate: str):
-    def lower(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
-        x = lw.as_real(lw.canonical(ins[0]))
-        if lw.optimize == "ort":
-            # FastGelu is the tanh form; BiasGelu and Gelu (com.microsoft) the erf form
-            op = "FastGelu" if approximate == "tanh" else "BiasGelu"
-            args = [x.name]
-            node = lw.g.producer_of(x.name)
-            if node is not None and node.op == "Add" and not node.domain:
-                a, b = node.inputs
-                bias = lw.g.initializers.get(b)
-                if bias is not None and bias.ndim == 1 and a in lw.g.value_info:
-                    args = [a, b]
-            if op == "BiasGelu" and len(args) == 1:
-                op = "Gelu"
-            out = lw.g.op(op, args, callee.path, domain=ORT_DOMAIN)
-        elif lw.opset >= 20:
-            out = lw.g.op("Gelu", [x.name], callee.path, approximate=approximate)
-        else:
-            return None
-        v = V("real", x.roles, x.own, name=out, fam=x.fam)
-        lw.info(out, v)
-        return [v]
-    return lower
+def _gelu(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
+    if lw.opset < 20:
+        return None
+    x = lw.as_real(lw.canonical(ins[0]))
+    out = lw.g.op("Gelu", [x.name], callee.path, approximate=intrinsic(callee.fn).approximate)
+    v = V("real", x.roles, x.own, name=out, fam=x.fam)
+    lw.info(out, v)
+    return [v]
+
+
+def _ort_gelu(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
+    """FastGelu is the tanh form; BiasGelu and Gelu (com.microsoft) the erf form, a bias
+    added just before joining the op."""
+    x = lw.as_real(lw.canonical(ins[0]))
+    op = "FastGelu" if intrinsic(callee.fn).approximate == "tanh" else "BiasGelu"
+    args = [x.name]
+    node = lw.g.producer_of(x.name)
+    if node is not None and node.op == "Add" and not node.domain:
+        a, b = node.inputs
+        bias = lw.g.initializers.get(b)
+        if bias is not None and bias.ndim == 1 and a in lw.g.value_info:
+            args = [a, b]
+    if op == "BiasGelu" and len(args) == 1:
+        op = "Gelu"
+    out = lw.g.op(op, args, callee.path, domain=ORT_DOMAIN)
+    v = V("real", x.roles, x.own, name=out, fam=x.fam)
+    lw.info(out, v)
+    return [v]
 
 
 def _concat_heads(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
@@ -1439,10 +1463,26 @@ def _ort_attention(lw: Lowerer, q: V, k: V, v: V, causal: bool, bias: str | None
     return lw.g.op("Attention", inputs, path, domain=ORT_DOMAIN, **attrs)
 
 
-BUILTIN = {
-    "Mask^AR": _lazy_mask("causal"), "Mask^AR_next": _lazy_mask("causal"),
-    "Mask^BD": _lazy_mask("nomask"), "OneHot": _onehot, "Softmax": _softmax,
-    "LN": _layer_norm, "GELU^tanh": _gelu("tanh"), "GELU^erf": _gelu("none"),
-    "Concat": _concat_heads, "Attention": _attention,
+# Intrinsics (compiler/elaborate/intrinsics.py) lowered to fused operators, by kind; masks
+# by what they mean. An entry may return None (or be None) to lower the module's equations.
+FUSED = {
+    "attention": _attention, "layer_norm": _layer_norm, "softmax": _softmax, "gelu": _gelu,
+    "onehot": _onehot, "concat": _concat_heads, "mask": None,
 }
+FUSED_MASKS = {CAUSAL: _lazy_mask("causal"), NO_MASK: _lazy_mask("nomask"),
+               STRICT_CAUSAL: None, WINDOW: None}
+LAZY_MASKS = {kind for kind, lower in FUSED_MASKS.items() if lower is not None}
+# --optimize ort: onnxruntime's contrib operators where they differ (attention and
+# LayerNormalization fuse with the Add before them inside their entries)
+FUSED_ORT = {**FUSED, "gelu": _ort_gelu}
+
+
+def fused(fn: ir.Function, optimize: str | None):
+    """How an intrinsic module lowers under this optimisation level, or None."""
+    i = intrinsic(fn)
+    if i is None:
+        return None
+    if i.kind == "mask":
+        return FUSED_MASKS[i.mask]
+    return (FUSED_ORT if optimize == "ort" else FUSED)[i.kind]
 

@@ -11,6 +11,8 @@ batched tensor, never a Python loop.
 
 from __future__ import annotations
 
+import ast
+import functools
 import json
 import math
 import re
@@ -20,18 +22,33 @@ from pathlib import Path
 
 import jinja2
 
-from ... import ir
-from ...incremental import NotIncremental, derive
-from ...ir import Ell, Eqn, Operand, TensorType, sequence_symbols
-from ...symbolic import Atom, Poly
-from .names import FUNCTIONAL, NAME, Namer, class_name, ident, reserved
+from ...elaborate import ir
+from ...elaborate.intrinsics import (
+    CAUSAL,
+    NO_MASK,
+    STRICT_CAUSAL,
+    WINDOW,
+    intrinsic,
+    is_kind,
+    mask_kind,
+)
+from ...elaborate.ir import Ell, Eqn, Operand, TensorType, sequence_symbols
+from ...elaborate.symbolic import Atom, Poly
+from ...lowering import guards, prepare
+from ...names import (
+    FUNCTIONAL,
+    NAME,
+    Namer,
+    class_name,
+    family_layout,
+    ident,
+    layers_attr,
+    reserved,
+    safe_name,
+)
+from ...passes.incremental import NotIncremental, derive
 
 TEMPLATES = Path(__file__).parent / "templates"
-
-
-def safe_name(path: str) -> str:
-    """A file name as it may appear in generated code: letters, digits and `._-` only."""
-    return re.sub(r"[^A-Za-z0-9._-]", "_", Path(path).name) or "spec"
 
 
 def safe_doc(line: str) -> str:
@@ -57,7 +74,10 @@ def doc_lines(line: str, width: int = 88) -> list[str]:
 
 
 class Unsupported(Exception):
-    """A construct the torch backend does not lower (yet); carries a user-facing message."""
+    """A construct the torch backend does not lower; carries a user-facing message and the
+    span of the innermost equation it was found in."""
+
+    span = None
 
 
 # ---------------------------------------------------------------- python for sizes
@@ -114,32 +134,6 @@ def py_const(c, sym: dict[str, str]) -> str:
 # ---------------------------------------------------------------- layouts
 
 
-def family_layout(dims: list, family):
-    """How an indexed family of parameters is stored: one tensor, the family axis just
-    before the member's last axis. W_i^Q ∈ R^{H×D} for i in 1..A is (H, A, D), so
-    X @ W^Q for every head at once is one matrix product with the (H, A·D) view."""
-    if len(dims) >= 2:
-        return dims[:-1] + [family] + dims[-1:]
-    return [family] + dims
-
-
-def layers_attr(index: int) -> str:
-    """The model's attribute holding the layers of its `index`-th `layers` block (0-based):
-    `layers`, then `layers2`, `layers3`, ... (an encoder, then a decoder)."""
-    return "layers" if index == 0 else f"layers{index + 1}"
-
-
-def init_kind(name: str) -> str:
-    """How a parameter starts when no weights are given, read off its name: LayerNorm gains
-    (gamma, g) are ones, biases (b..., beta) zeros, everything else N(0, 0.02²)."""
-    base = name.split("^")[0]
-    if base in ("gamma", "g") or name.startswith("gamma"):
-        return "ones"
-    if base.startswith("b") or base == "beta":
-        return "zeros"
-    return "normal"
-
-
 @dataclass(frozen=True)
 class Layout:
     lead: bool  # leading axes before the spec's own: the batch, a caller's family axes
@@ -155,6 +149,133 @@ def _unsq(expr: str, times: int, at: int) -> str:
     for _ in range(times):
         expr = f"{expr}.unsqueeze({at})"
     return expr
+
+
+# ---------------------------------------------------------------- python precedence
+
+# Lines are built as text, so where an expression goes in as an operand of another it is
+# bracketed exactly when its outermost operator binds more loosely than its place wants.
+# The levels, loosest first, are those of the language reference's "Operator precedence"
+# (a bare tuple, loosest of all, goes in brackets anywhere).
+(TUPLE, LAMBDA, TERNARY, OR, AND, NOT, COMPARE, BIT_OR, BIT_XOR, BIT_AND, SHIFT, SUM,
+ PRODUCT, UNARY, POWER, AWAIT, PRIMARY) = range(17)
+BINARY = {ast.BitOr: BIT_OR, ast.BitXor: BIT_XOR, ast.BitAnd: BIT_AND, ast.LShift: SHIFT,
+          ast.RShift: SHIFT, ast.Add: SUM, ast.Sub: SUM, ast.Mult: PRODUCT,
+          ast.MatMult: PRODUCT, ast.Div: PRODUCT, ast.FloorDiv: PRODUCT, ast.Mod: PRODUCT,
+          ast.Pow: POWER}
+REF = re.compile(r"\{\{(.+?)\}\}")  # a value in an expression not yet inlined: {{name}}
+
+
+def _level(node: ast.expr) -> int:
+    """The precedence of a parsed expression's outermost operator (the parse has lost any
+    brackets around the whole)."""
+    match node:
+        case ast.Lambda():
+            return LAMBDA
+        case ast.IfExp():
+            return TERNARY
+        case ast.BoolOp(op=ast.Or()):
+            return OR
+        case ast.BoolOp():
+            return AND
+        case ast.UnaryOp(op=ast.Not()):
+            return NOT
+        case ast.Compare():
+            return COMPARE
+        case ast.BinOp(op=op):
+            return BINARY[type(op)]
+        case ast.UnaryOp():
+            return UNARY
+        case ast.Await():
+            return AWAIT
+        case ast.Tuple() | ast.NamedExpr() | ast.Starred() | ast.Yield() | ast.YieldFrom():
+            return TUPLE
+    return PRIMARY
+
+
+@functools.lru_cache(maxsize=4096)
+def precedence(expr: str) -> int:
+    """How tightly a Python expression holds together as an operand: the level of its
+    outermost operator, PRIMARY for a name, a call, an attribute, a subscript, a literal
+    or anything in brackets. Values not yet inlined (`{{name}}`) count as names."""
+    text = REF.sub("_", expr).strip()
+    if re.fullmatch(r"[A-Za-z_][\w.]*", text) or _bracketed(text):
+        return PRIMARY
+    return _level(ast.parse(text, mode="eval").body)
+
+
+def operand(expr: str, wanted: int) -> str:
+    """`expr` where an operand of at least precedence `wanted` goes: bracketed when it
+    binds more loosely (`(a if c else b) + x`, `(x + y).sum(-1)`, `(-x).argmax(-1)`)."""
+    return expr if precedence(expr) >= wanted else f"({expr})"
+
+
+def _bracketed(expr: str) -> bool:
+    """Whether `expr` is one bracketed group, `(...)`, and not `(a) + (b)`."""
+    depth = 0
+    for k, ch in enumerate(expr):
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+            if depth == 0:
+                return ch == ")" and k == len(expr) - 1 and expr[0] == "("
+    return False
+
+
+def _wanted(parent: ast.AST, field_name: str) -> int:
+    """The precedence an operand in `field_name` of `parent` needs to go in unbracketed."""
+    match parent:
+        case ast.BinOp(op=ast.Pow()):  # -x ** 2 is -(x ** 2); 2 ** -x is fine
+            return AWAIT if field_name == "left" else UNARY
+        case ast.BinOp(op=op):  # left to right: a - (b - c) keeps its brackets
+            return BINARY[type(op)] + (field_name == "right")
+        case ast.UnaryOp(op=ast.Not()):
+            return NOT
+        case ast.UnaryOp():
+            return UNARY
+        case ast.BoolOp(op=ast.Or()):
+            return AND
+        case ast.BoolOp():
+            return NOT
+        case ast.Compare():  # comparisons chain: a < (b < c) is not a < b < c
+            return BIT_OR
+        case ast.IfExp():  # a if c else (b if d else e) needs none
+            return LAMBDA if field_name == "orelse" else OR
+        case ast.Attribute() | ast.Subscript() if field_name == "value":
+            return PRIMARY
+        case ast.Call() if field_name == "func":
+            return PRIMARY
+        case ast.comprehension() if field_name in ("iter", "ifs"):
+            return OR
+        case ast.Starred():
+            return BIT_OR
+    return LAMBDA  # an argument, an item, an index, a lambda's body: anything but a tuple
+
+
+@functools.lru_cache(maxsize=4096)
+def slot_precedences(template: str) -> tuple[int, ...]:
+    """For each `{{name}}` of an expression, in order, the precedence what replaces it
+    needs to go in unbracketed."""
+    count = iter(range(len(REF.findall(template))))
+    tree = ast.parse(REF.sub(lambda m: f"__ref{next(count)}", template).strip(), mode="eval")
+    wanted: dict[int, int] = {}
+
+    def visit(node: ast.AST, level: int) -> None:
+        if isinstance(node, ast.Name) and node.id.startswith("__ref"):
+            wanted[int(node.id[5:])] = level
+        for name, value in ast.iter_fields(node):
+            for child in value if isinstance(value, list) else [value]:
+                if isinstance(child, ast.AST):
+                    visit(child, _wanted(node, name))
+    visit(tree.body, LAMBDA)
+    return tuple(wanted[k] for k in range(len(wanted)))
+
+
+def infix(x: str, symbol: str, y: str) -> str:
+    """`x symbol y`, each side bracketed where the operator needs it."""
+    left, right = slot_precedences(f"{{{{x}}}} {symbol} {{{{y}}}}")
+    return f"{operand(x, left)} {symbol} {operand(y, right)}"
 
 
 # ---------------------------------------------------------------- view-model
@@ -238,23 +359,26 @@ def wrap(code: str, comment: str, indent: str) -> list[str]:
 
 
 def _wrap_expr(expr: str, indent: str, before: str, after: str,
-               tuples: bool = True) -> list[str]:
+               tuples: bool = True, split: bool = False) -> list[str]:
+    """`before + expr + after` in lines of at most WIDTH columns where it can be, at
+    `indent`; `split`: a sum or a conditional is split even where it fits (it brings
+    back the brackets it was taken out of)."""
     line = f"{indent}{before}{expr}{after}"
-    if len(line) <= WIDTH:
+    if len(line) <= WIDTH and not split:
         return [line]
     inner = indent + "    "
     if _top_level(expr, (" for ",)):  # a generator expression stays on one line
         return [line]
-    branch = _top_level(expr, (" if ",))
-    orelse = _top_level(expr, (" else ",))
-    if branch and orelse and branch[0] < orelse[0]:  # `a if c else b`: a line each, bracketed
+    if _outermost(expr) == TERNARY:  # `a if c else b`: a line each, bracketed
+        branch = _top_level(expr, (" if ",))[0]
+        orelse = _top_level(expr, (" else ",))[0]
         return ([f"{indent}{before}("]
-                + _wrap_expr(expr[:branch[0]], inner, "", "")
-                + _wrap_expr(expr[branch[0] + 4:orelse[0]], inner, "if ", "")
-                + _wrap_expr(expr[orelse[0] + 6:], inner, "else ", "")
+                + _wrap_expr(expr[:branch], inner, "", "")
+                + _wrap_expr(expr[branch + 4:orelse], inner, "if ", "")
+                + _wrap_expr(expr[orelse + 6:], inner, "else ", "")
                 + [f"{indent}){after}"])
-    ops = _top_level(expr, (" + ", " - ", " @ ", " * ", " / ", " % "))
-    if ops:
+    ops = _operators(expr)
+    if ops:  # a sum or a product: bracketed, a line before each of its outermost operators
         terms, last = [], 0
         for k in ops:
             terms.append(expr[last:k])
@@ -280,10 +404,12 @@ def _wrap_expr(expr: str, indent: str, before: str, after: str,
         out.append(f"{indent}){after}")
         return out
     if expr.startswith("[") and expr.endswith("]") and _split_top(expr) == [expr]:
-        # a list (torch.cat's operands): one item per line
+        # a list (torch.cat's operands): one item per line; a comprehension (the attentions
+        # of cache_sites()) takes no trailing comma
+        comma = "" if _top_level(expr[1:-1], (" for ",)) else ","
         out = [f"{indent}{before}["]
         for a in _split_top(expr[1:-1]):
-            out.extend(_wrap_expr(a, inner, "", ","))
+            out.extend(_wrap_expr(a, inner, "", comma))
         out.append(f"{indent}]{after}")
         return out
     attr = re.search(r"(\.[A-Za-z_]\w*)+$", expr)
@@ -301,11 +427,9 @@ def _wrap_expr(expr: str, indent: str, before: str, after: str,
                 if depth == 0:
                     start = k
                     break
-        if start == 0 and _top_level(expr[1:-1], (" + ", " - ", " @ ", " * ", " / ", " % ",
-                                                  " if ")):
-            # a parenthesised sum: its split into terms brings its own brackets (anything
-            # else, `a if c else f(b)`, keeps them: they decide what the operator applies to)
-            return _wrap_expr(expr[1:-1], indent, before, after)
+        if start == 0 and (_outermost(expr[1:-1]) == TERNARY or _operators(expr[1:-1])):
+            # a bracketed sum or conditional: split, it brings its brackets back
+            return _wrap_expr(expr[1:-1], indent, before, after, split=True)
         links = _chain(expr)
         if start is not None and len(links) > 1 and \
                 len(f"{indent}{before}{expr[:start + 1]}") > WIDTH:
@@ -328,6 +452,25 @@ def _wrap_expr(expr: str, indent: str, before: str, after: str,
             out.append(f"{indent}){after}")
             return out
     return [line]
+
+
+# where a sum or a product too long for a line is split (`//` never is)
+SPLIT_AT = {SUM: (" + ", " - "), PRODUCT: (" @ ", " * ", " / ", " % ")}
+
+
+def _operators(expr: str) -> list[int]:
+    """Where a sum or a product is split: the positions of its outermost operators."""
+    level = _outermost(expr)
+    return _top_level(expr, SPLIT_AT[level]) if level in SPLIT_AT else []
+
+
+def _outermost(code: str) -> int | None:
+    """The precedence of an expression's outermost operator; None for code that is not an
+    expression (`def f(x, y)`)."""
+    try:
+        return precedence(code)
+    except SyntaxError:
+        return None
 
 
 def _chain(expr: str) -> list[str]:
@@ -436,7 +579,10 @@ class Body:
         self.sym = dict(sym)
         self.device = device
         self.namer = namer
-        self.vals: dict[str, _Val] = {}
+        self.vals: dict[str, _Val] = {}  # IR name -> its value where the equations are now
+        # every value by its Python name, unique per value: a spec name may be defined again
+        # (a family z_i, then z = Concat(z_1, ..., z_A)), and `{{name}}` in exprs is this one
+        self.by_py: dict[str, _Val] = {}
         self.self_attr = self_attr  # IR param/instance name -> `self.x`
         self.spec_file = spec_file
         self.pending: list[tuple[str, Eqn]] = []  # (python name, eqn) in order
@@ -450,7 +596,7 @@ class Body:
     # -- values
     def define_input(self, name: str, t: TensorType, layout: Layout, raw_lo=None) -> str:
         py = self.namer(name)
-        self.vals[name] = _Val(py, layout, t, raw_lo=raw_lo, named=True)
+        self.vals[name] = self.by_py[py] = _Val(py, layout, t, raw_lo=raw_lo, named=True)
         return py
 
     def is_param(self, name: str | None) -> bool:
@@ -518,7 +664,9 @@ class Body:
         return f"{expr}[{', '.join(cuts)}]"
 
     def ref(self, name: str) -> str:
-        return "{{" + name + "}}"
+        """The value IR name `name` stands for here, as a placeholder for its expression
+        (written in if it is used once, else its Python name): see `emit`."""
+        return "{{" + self.vals[name].expr + "}}"
 
     # -- lowering
     def lower(self, eqns: list[Eqn]) -> None:
@@ -526,8 +674,8 @@ class Body:
             try:
                 self.lower_eqn(e)
             except Unsupported as err:
-                loc = f"{safe_name(e.span.file)}:{e.span.line}" if e.span else "?"
-                raise Unsupported(f"{loc}: {err}") from None
+                err.span = err.span or e.span
+                raise
 
     def lower_eqn(self, e: Eqn) -> None:
         ins = [self.operand(o, e) for o in e.ins]
@@ -560,8 +708,9 @@ class Body:
                 for v in ins:  # ids are held 0-based; arithmetic sees the spec's values
                     if v.raw_lo is not None:
                         v.expr, v.raw_lo = _math(self, v), None
-            # inside a family, a value none of whose operands varies by member is one value
-            fam = any(v.layout.fam for v in ins) if ins else fam_out
+            # inside a family, a value none of whose operands varies by member is one value;
+            # `members` makes an axis of its operand the family axis
+            fam = e.op == "members" or (any(v.layout.fam for v in ins) if ins else fam_out)
             exprs = [lowering(self, e, ins, Layout(lead, fam, out_rank))]
             layouts = [Layout(lead, fam, out_rank)]
             if e.op in POSITIONS:
@@ -571,16 +720,17 @@ class Body:
         for out, expr, layout in zip(e.outs, exprs, layouts):
             if e.op == "call" and out.name.startswith("%") and len(e.outs) == 1:
                 py = self.namer.alias(out.name, e.attrs["instance"].lower())
+            elif out.name in self.vals:  # a name defined again is a value of its own
+                py = self.namer.alias(f"{out.name}#{len(self.by_py)}", out.name)
             else:
                 py = self.namer(out.name)
-            self.vals[out.name] = _Val(py, layout, out.type.member()
-                                       if out.type.family is not None else out.type,
-                                       raw_lo=raw_lo, producer=e,
-                                       named=not out.name.startswith("%"))
+            self.vals[out.name] = self.by_py[py] = _Val(
+                py, layout, out.type.member() if out.type.family is not None else out.type,
+                raw_lo=raw_lo, producer=e, named=not out.name.startswith("%"))
             self.exprs[py] = expr
-            self.deps[py] = re.findall(r"\{\{(.+?)\}\}", expr)
+            self.deps[py] = REF.findall(expr)
             if e.op == "layers":  # the values it takes (model parameters are attributes)
-                self.deps[py] = [o.name for o in e.ins if o.name in self.vals]
+                self.deps[py] = [self.vals[o.name].expr for o in e.ins if o.name in self.vals]
             self.comments[py] = self.comment(out.type, layout, e)
             self.pending.append((py, e))
         if len(e.outs) > 1:
@@ -613,25 +763,22 @@ class Body:
         """Lines for the values needed by `outputs` (IR names); single-use temporaries are
         inlined into their one consumer."""
         want = [self.vals[o].expr for o in outputs if o in self.vals]
-        pyname_of = {v.expr: k for k, v in self.vals.items()}
+        forced = {self.vals[f].expr for f in force if f in self.vals}
         live: set[str] = set()
-        stack = list(want) + [self.vals[f].expr for f in force if f in self.vals]
+        stack = want + list(forced)
         while stack:
             py = stack.pop()
             if py in live or py not in self.exprs:
                 continue
             live.add(py)
-            for d in self.deps.get(py, []):
-                dp = self.vals[d].expr if d in self.vals else d
-                stack.append(dp)
+            stack.extend(self.deps.get(py, []))
             for group in getattr(self, "tuples", {}).values():
                 if py in group:
                     stack.extend(group)
         uses: dict[str, int] = {}
         for py in live:
             for d in self.deps.get(py, []):
-                dp = self.vals[d].expr
-                uses[dp] = uses.get(dp, 0) + 1
+                uses[d] = uses.get(d, 0) + 1
         for py in want:
             uses[py] = uses.get(py, 0) + 1
         tuples = getattr(self, "tuples", {})
@@ -639,9 +786,7 @@ class Body:
         in_tuple |= {py for py, x in self.exprs.items() if x.startswith("__layers__")}
         materialize = set()
         for py in live:
-            ir_name = pyname_of.get(py, "")
-            if py in in_tuple or uses.get(py, 0) != 1 or not ir_name.startswith("%") \
-                    or py in {self.vals[f].expr for f in force if f in self.vals}:
+            if py in in_tuple or uses.get(py, 0) != 1 or self.by_py[py].named or py in forced:
                 materialize.add(py)
         for e2 in (e for _, e in self.pending if e.op == "layers"):
             for o in e2.ins:  # what the layers take is computed once, before them
@@ -670,19 +815,17 @@ class Body:
         return lines
 
     def _inline(self, py: str, materialize: set[str]) -> str:
+        """The expression of `py` with the single-use temporaries it reads written in,
+        each bracketed where its place needs it (see `precedence`)."""
         expr = self.exprs[py]
+        wanted = iter(slot_precedences(expr))
 
         def sub(m):
-            name = m.group(1)
-            v = self.vals[name]
-            if v.expr in materialize or v.expr not in self.exprs:
-                return v.expr
-            inner = self._inline(v.expr, materialize)
-            before = expr[:m.start()].rstrip(" ")
-            after = expr[m.end():].lstrip(" ")
-            alone = before[-1:] in ("(", ",", "[", "") and after[:1] in (")", ",", "]", "")
-            return inner if _atomic(inner) or alone else f"({inner})"
-        return re.sub(r"\{\{(.+?)\}\}", sub, expr)
+            name, level = m.group(1), next(wanted)
+            if name in materialize or name not in self.exprs:
+                return name
+            return operand(self._inline(name, materialize), level)
+        return REF.sub(sub, expr)
 
     def result(self, name: str) -> str:
         """The expression for an output after `emit`: its line's name, or inlined."""
@@ -692,26 +835,9 @@ class Body:
         return self._inline(v.expr, self.materialized)
 
 
-def _resolve_refs(body: Body, code: str) -> str:
+def _resolve_refs(code: str) -> str:
     """`code` with each `{{value}}` replaced by that value's Python name."""
-    return re.sub(r"\{\{(.+?)\}\}", lambda m: body.vals[m.group(1)].expr, code)
-
-
-def _atomic(expr: str) -> bool:
-    """An expression that needs no parentheses as an operand."""
-    if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.]*(\[[^\[\]]*\])?", expr):
-        return True
-    depth = 0
-    for k, ch in enumerate(expr):
-        if ch in "([{":
-            depth += 1
-        elif ch in ")]}":
-            depth -= 1
-        elif depth == 0 and ch in " +-*/@%<>=&|~":
-            if ch == "-" and k == 0:
-                continue
-            return False
-    return True
+    return REF.sub(r"\1", code)
 
 
 # ---------------------------------------------------------------- the op table
@@ -735,9 +861,7 @@ def _align(b: Body, v: _Val, out: Layout) -> str:
 def _binary(symbol: str):
     def lower(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
         x, y = (_align(b, v, out) for v in ins)
-        x = x if _atomic(x) else f"({x})"
-        y = y if _atomic(y) else f"({y})"
-        return f"{x} {symbol} {y}"
+        return infix(x, symbol, y)
     return lower
 
 
@@ -756,9 +880,9 @@ def _shifted(b: Body, expr: str, shift: Poly) -> str:
             return expr
         if "{{" not in expr and re.fullmatch(r"-?\d+", expr):
             return str(int(expr) + int(k))
-        return f"{expr} + {py_poly(shift, b.sym)}" if k > 0 else \
-            f"{expr} - {py_poly(-shift, b.sym)}"
-    return f"{expr} + {py_poly(shift, b.sym)}"
+        return f"{operand(expr, SUM)} + {py_poly(shift, b.sym)}" if k > 0 else \
+            f"{operand(expr, SUM)} - {py_poly(-shift, b.sym)}"
+    return f"{operand(expr, SUM)} + {py_poly(shift, b.sym)}"
 
 
 def _rows(b: Body, v: _Val, first: Poly) -> str:
@@ -774,16 +898,13 @@ def _spec_value(b: Body, v: _Val, expr: str) -> str:
     they leave the function (a return, a layer's argument)."""
     if v.raw_lo is None:
         return expr
-    return _shifted(b, expr if _atomic(expr) else f"({expr})", v.raw_lo)
+    return _shifted(b, expr, v.raw_lo)
 
 
 def _int_binary(symbol: str):
     def lower(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
-        vals = []
-        for v in ins:
-            aligned = _align(b, _Val(_math(b, v), v.layout, v.type), out)
-            vals.append(aligned if _atomic(aligned) else f"({aligned})")
-        return f"{vals[0]} {symbol} {vals[1]}"
+        x, y = (_align(b, _Val(_math(b, v), v.layout, v.type), out) for v in ins)
+        return infix(x, symbol, y)
     return lower
 
 
@@ -809,7 +930,7 @@ def _minmax(fn: str, clamp: str):
 
 def _reduce(method: str):
     def lower(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
-        x = ins[0].expr if _atomic(ins[0].expr) else f"({ins[0].expr})"
+        x = operand(ins[0].expr, PRIMARY)
         if ins[0].type.dtype != "real":  # a sum, mean or max of integers is real
             x = f"{x}.to({b.real_dtype})"
         return f"{x}.{method}(-1, keepdim=True)"
@@ -823,12 +944,17 @@ def _matmul(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
     elif y.type.dtype != "real" and x.type.dtype == "real":
         y = _Val(f"{y.expr}.to({x.expr}.dtype)", y.layout, y.type, producer=y.producer)
     onehot = x.producer
-    if onehot is not None and onehot.op == "call" and b.gen.is_builtin(onehot, "OneHot") \
+    if onehot is not None and onehot.op == "call" and b.gen.is_kind(onehot, "onehot") \
             and not y.layout.lead and not y.layout.fam:
         # OneHot(x) @ W is a row lookup: no V-wide one-hot is built; OneHot over a..b puts
         # id a in row 0
         ids = b.operand(onehot.ins[0], e)
-        return f"embedding({_rows(b, ids, onehot.attrs['bindings']['a'])}, {y.expr})"
+        rows = f"embedding({_rows(b, ids, onehot.attrs['bindings']['a'])}, {y.expr})"
+        if x.layout.fam and not ids.layout.fam:
+            # the one-hot of ids every member shares, inside a family, has a unit members'
+            # axis (see Generator.lower_call): so has its lookup
+            rows = _unsq(rows, 1, -(out.rank or 0) - 1)
+        return rows
     if y.stored is not None and not x.layout.fam and y.layout.rank == 2 and x.layout.rank:
         # X @ W_i for every member i at once: one product with the (H, A*D) view, then the
         # family axis moved in front of the member's rows
@@ -845,14 +971,12 @@ def _matmul(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
         b.gen.uses_project = True
         return f"project({xs}, {weight})"
     ys = _align(b, y, out) if y.layout.rank and y.layout.rank >= 2 else y.expr
-    xs = xs if _atomic(xs) else f"({xs})"
-    ys = ys if _atomic(ys) else f"({ys})"
     if y.layout.rank == 1 and (y.layout.lead or y.layout.fam):
         # a vector with leading (batch or member) axes: torch would read it as a matrix
         if x.layout.rank == 1:
-            return f"({xs} * {ys}).sum(-1)"
-        return f"({xs} @ {ys}.unsqueeze(-1)).squeeze(-1)"
-    return f"{xs} @ {ys}"
+            return f"({infix(xs, '*', ys)}).sum(-1)"
+        return f"({infix(xs, '@', operand(ys, PRIMARY) + '.unsqueeze(-1)')}).squeeze(-1)"
+    return infix(xs, "@", ys)
 
 
 def _weight(b: Body, e: Eqn, y: _Val) -> str | None:
@@ -871,8 +995,7 @@ def _weight(b: Body, e: Eqn, y: _Val) -> str | None:
 
 
 def _transpose(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
-    x = ins[0].expr
-    x = x if _atomic(x) else f"({x})"
+    x = operand(ins[0].expr, PRIMARY)
     if not ins[0].layout.lead and not ins[0].layout.fam and ins[0].layout.rank == 2:
         return f"{x}.T"
     return f"{x}.mT"
@@ -907,15 +1030,13 @@ def _joined(b: Body, ins: list[_Val], out: Layout) -> list[str]:
         return parts
     full = [k for k, v in enumerate(ins) if k not in short]
     if full:
-        ref = parts[full[0]] if _atomic(parts[full[0]]) else f"({parts[full[0]]})"
-        lead = f"{ref}.shape[:-{r}]"
+        lead = f"{operand(parts[full[0]], PRIMARY)}.shape[:-{r}]"
     else:  # each lacks some leading axis: their union
         lead = "torch.broadcast_shapes(" + ", ".join(
-            f"{p if _atomic(p) else f'({p})'}.shape[:-{r}]" for p, v in zip(parts, ins)
+            f"{operand(p, PRIMARY)}.shape[:-{r}]" for p, v in zip(parts, ins)
             if v.layout.lead or v.layout.fam) + ")"
     for k in short:
-        x = parts[k] if _atomic(parts[k]) else f"({parts[k]})"
-        parts[k] = f"{x}.expand(*{lead}, {', '.join(['-1'] * r)})"
+        parts[k] = f"{operand(parts[k], PRIMARY)}.expand(*{lead}, {', '.join(['-1'] * r)})"
     return parts
 
 
@@ -991,20 +1112,20 @@ def _cond(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
     # a guard is static: sizes in it are the configuration's, never this call's lengths
     sym = b.sym if b.gen.in_module else {**b.sym, **b.gen.consts}
     guard = b.gen.guard_py(e.attrs["guard"], sym)
-    return f"{ins[0].expr} if {guard} else {ins[1].expr}"
+    return f"{operand(ins[0].expr, OR)} if {operand(guard, OR)} else " \
+        f"{operand(ins[1].expr, TERNARY)}"
 
 
 def _neg(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
-    x = ins[0].expr
-    return f"-{x}" if _atomic(x) else f"-({x})"
+    return f"-{operand(ins[0].expr, UNARY)}"
 
 
 def _not(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
     x = ins[0]
     if x.layout == Layout(False, False, 0):
         # a condition on sizes alone is a Python bool, whose ~ is an integer (~True == -2)
-        return f"(not {x.expr})" if _atomic(x.expr) else f"(not ({x.expr}))"
-    return f"~{x.expr}" if _atomic(x.expr) else f"~({x.expr})"
+        return f"not {operand(x.expr, NOT)}"
+    return f"~{operand(x.expr, UNARY)}"
 
 
 def _pow(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
@@ -1021,12 +1142,18 @@ def _invperm(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
 
 
 def _argmax(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
-    x = ins[0].expr if _atomic(ins[0].expr) else f"({ins[0].expr})"
-    return f"{x}.argmax(-1)"
+    return f"{operand(ins[0].expr, PRIMARY)}.argmax(-1)"
 
 
 def _argsort(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
     return f"torch.argsort({ins[0].expr}, dim=-1, stable=True)"
+
+
+def _members(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
+    """An axis of the operand's own as the family axis, just before the others."""
+    x, r = ins[0].expr, ins[0].layout.rank
+    k = e.attrs["axis"]
+    return x if k == 0 else f"{operand(x, PRIMARY)}.movedim({k - r}, {-r})"
 
 
 def _stopgrad(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
@@ -1046,7 +1173,7 @@ LOWER = {
     "sum": _reduce("sum"), "mean": _reduce("mean"), "amax": _reduce("amax"),
     "matmul": _matmul, "transpose": _transpose, "concat": _concat, "vconcat": _vconcat,
     "index": _index, "iota": _iota, "broadcast_to": _broadcast_to, "invperm": _invperm,
-    "argmax": _argmax, "argsort": _argsort, "stopgrad": _stopgrad,
+    "argmax": _argmax, "argsort": _argsort, "stopgrad": _stopgrad, "members": _members,
 }
 POSITIONS = {"argmax", "argsort", "invperm"}  # results held 0-based (raw_lo = 1)
 
@@ -1086,10 +1213,8 @@ def _softmax(b: Body, fn: ir.Function, inputs: list[str]) -> list[Line]:
     return [Line(f"return torch.softmax({inputs[0]}, dim=-1)")]
 
 
-def _gelu(approximate: str):
-    def body(b: Body, fn: ir.Function, inputs: list[str]) -> list[Line]:
-        return [Line(f"return gelu({inputs[0]}, approximate={approximate!r})")]
-    return body
+def _gelu(b: Body, fn: ir.Function, inputs: list[str]) -> list[Line]:
+    return [Line(f"return gelu({inputs[0]}, approximate={intrinsic(fn).approximate!r})")]
 
 
 def _causal(b: Body, fn: ir.Function, inputs: list[str]) -> list[Line]:
@@ -1101,15 +1226,25 @@ def _no_mask(b: Body, fn: ir.Function, inputs: list[str]) -> list[Line]:
     return [Line("return None", "all zeros: attention without a mask")]
 
 
-# builtin modules whose forward is one fused torch call; their equations stay the docstring
-BUILTIN_FORWARD = {
-    "Attention": _sdpa, "LN": _layer_norm, "Softmax": _softmax,
-    "GELU^tanh": _gelu("tanh"), "GELU^erf": _gelu("none"),
-    "Mask^AR": _causal, "Mask^AR_next": _causal, "Mask^BD": _no_mask,
+# Intrinsics (compiler/elaborate/intrinsics.py) whose forward is one fused torch call, by
+# kind; None: the module's own equations. Their equations stay the docstring.
+FUSED = {
+    "attention": _sdpa, "layer_norm": _layer_norm, "softmax": _softmax, "gelu": _gelu,
+    "onehot": None,  # a row lookup where it multiplies a weight (see _matmul)
+    "concat": None,  # the family axis flattened into the last (see Generator.lower_call)
+    "mask": None,  # by what the mask means, below
 }
-# which of their inputs accept CAUSAL / None in place of a mask tensor
-MASK_AWARE_INPUTS = {"Attention": {"Mask"}}
-MASK_PRODUCERS = {"Mask^AR", "Mask^AR_next", "Mask^BD"}
+# masks returned as CAUSAL / None, which attention runs as is_causal / without a mask
+FUSED_MASKS = {CAUSAL: _causal, NO_MASK: _no_mask, STRICT_CAUSAL: None, WINDOW: None}
+SENTINEL_MASKS = {kind for kind, body in FUSED_MASKS.items() if body is not None}
+
+
+def fused_forward(fn: ir.Function):
+    """The fused forward of an intrinsic module, or None to lower its equations."""
+    i = intrinsic(fn)
+    if i is None:
+        return None
+    return FUSED_MASKS[i.mask] if i.kind == "mask" else FUSED[i.kind]
 
 
 # ---------------------------------------------------------------- the generator
@@ -1138,8 +1273,8 @@ class Generator:
     def __init__(self, spec, cfg, values: dict, sources, preset: str | None):
         self.spec = spec
         self.cfg = cfg  # the symbolic configuration: IR with sizes as symbols
-        self.model: ir.Model = cfg.model
-        self.functions: dict[str, ir.Function] = cfg.functions
+        # the IR with the shared lowering's operations (compiler/lowering)
+        self.model, self.functions = prepare(cfg.model, cfg.functions)
         self.values = values  # hyperparameter -> number (the compiled preset)
         self.sources = sources
         self.preset = preset
@@ -1192,22 +1327,14 @@ class Generator:
         return self.incremental is not None and isinstance(d, Poly) and \
             self.incremental.length in d.symbols()
 
-    def is_builtin(self, e: Eqn, name: str) -> bool:
-        fn = self.functions.get(e.attrs.get("module", ""))
-        return fn is not None and fn.builtin and fn.name == name
+    def is_kind(self, e: Eqn, kind: str) -> bool:
+        """Whether `e` calls an intrinsic of this kind."""
+        return e.op == "call" and is_kind(self.functions.get(e.attrs["module"]), kind)
 
     def guard_py(self, text: str, sym: dict[str, str]) -> str:
-        """A guard as written (`l is odd`, `E != H`) as Python, each name as `sym` spells it
-        (`self.l`, a hyperparameter's constant)."""
-        # the other branch of `l is odd`, `l == 1`: `l % 2 == 0`, `l != 1`, not `not (...)`
-        text = re.sub(r"^not \(([\w'^]+) is (even|odd)\)$",
-                      lambda m: f"{m[1]} is {'odd' if m[2] == 'even' else 'even'}", text)
-        flip = re.fullmatch(r"not \(([^()]*?) (==|!=) ([^()]*)\)", text)
-        if flip and not re.search(r" (and|or|not) ", flip[0][5:-1]):
-            text = f"{flip[1]} {'!=' if flip[2] == '==' else '=='} {flip[3]}"
-        text = re.sub(r"([\w'^]+) is even", r"\1 % 2 == 0", text)
-        text = re.sub(r"([\w'^]+) is odd", r"\1 % 2 == 1", text)
-        return re.sub(NAME, lambda m: sym.get(m[0], m[0]), text)
+        """A guard (`l is odd`, `not (E != H)`) as Python, each name as `sym` spells it
+        (`self.l`, a hyperparameter's constant): printed from its condition's tree."""
+        return guards.python(text, sym)
 
     # -- module classes
     def module_class(self, name: str) -> str:
@@ -1375,9 +1502,9 @@ class Generator:
                                                                        for s in static})))
         doc = self._docstring(fn)
         lines: list[Line]
-        if fn.builtin and fn.name in BUILTIN_FORWARD:
-            lines = BUILTIN_FORWARD[fn.name](body, fn, inputs)
-            if fn.name in ("Mask^AR", "Mask^AR_next", "Attention"):
+        if fused_forward(fn) is not None:
+            lines = fused_forward(fn)(body, fn, inputs)
+            if is_kind(fn, "attention") or mask_kind(fn) == CAUSAL:
                 self.uses_causal = True
             subs = []
         else:
@@ -1390,15 +1517,14 @@ class Generator:
                     else "None"
                 if not fn.inputs and declared.type.dtype == "real":
                     # a table computed from sizes alone, in the caller's precision
-                    if not _resolve_refs(body, r).isidentifier():
+                    if not _resolve_refs(r).isidentifier():
                         table = body.namer.alias(f"%table{len(results)}", "table")
                         lines.append(Line(f"{table} = {r}"))
                         r = table
                     r = f"{r}.to(dtype=dtype)"
                 elif o in body.vals and declared.type.dtype == "real" and \
                         body.vals[o].type.dtype != "real":
-                    r = f"({r}).to(torch.get_default_dtype())" if not _atomic(r) else \
-                        f"{r}.to(torch.get_default_dtype())"
+                    r = f"{operand(r, PRIMARY)}.to(torch.get_default_dtype())"
                 results.append(r)
             lines.append(Line(f"return {', '.join(results)}"))
             self._resolve_line_refs(body, lines)
@@ -1407,17 +1533,17 @@ class Generator:
         if forward_kw:
             kw_part = [f"*, {', '.join(ident(s) for s in forward_kw)}"
                        + ("" if fn.inputs else ", device=None"
-                          + ("" if fn.builtin and fn.name in BUILTIN_FORWARD else ", dtype=None"))]
+                          + ("" if fused_forward(fn) is not None else ", dtype=None"))]
         fwd = ", ".join(["self"] + inputs + kw_part)
         init_lines = [f"self.{ident(s)} = {ident(s)}" for s in static]
-        if fn.builtin and fn.name == "Attention" and self.incremental is not None:
+        if is_kind(fn, "attention") and self.incremental is not None:
             init_lines.append("self.cache = None  # step(): keys and values, (B, A, P, D) each")
         return ClassView(cls, doc, [ident(s) for s in static], init_lines, params, subs, fwd,
                          lines)
 
     def _resolve_line_refs(self, body: Body, lines: list[Line]) -> None:
         for line in lines:
-            line.code = _resolve_refs(body, line.code)
+            line.code = _resolve_refs(line.code)
 
     def _param_view(self, p: ir.Param, attr: str, sym: dict[str, str]) -> ParamView:
         dims = list(p.type.shape)
@@ -1425,7 +1551,7 @@ class Generator:
             dims = family_layout(dims, p.type.family)
         shape = "(" + ", ".join(py_poly(d, sym) for d in dims) + ("," if len(dims) == 1 else "") \
             + ")"
-        init = init_kind(p.name)
+        init = p.init
         plain = _Names()
         what = f"{p.declared}: R[{', '.join(py_poly(d, plain) for d in p.type.shape)}]"
         if p.type.family is not None:
@@ -1459,7 +1585,7 @@ class Generator:
 
     def lower_call(self, b: Body, e: Eqn, ins: list[_Val]) -> list[str]:
         fn = self.functions[e.attrs["module"]]
-        if fn.builtin and fn.name == "Concat" and ins and ins[0].layout.rank is not None:
+        if is_kind(fn, "concat") and ins and ins[0].layout.rank is not None:
             r = ins[0].layout.rank
             return [f"{ins[0].expr}.movedim({-r - 1}, -2).flatten(-2)"]
         inst = e.attrs["instance"]
@@ -1479,12 +1605,11 @@ class Generator:
                     self.uses_per_member = True
                     expr = f"per_member({expr}, {v.layout.rank})"
                 else:
-                    expr = _unsq(expr if _atomic(expr) else f"({expr})", 1,
-                                 -v.layout.rank - 1)
+                    expr = _unsq(operand(expr, PRIMARY), 1, -v.layout.rank - 1)
             if inp.type.dtype == "real" and v.type.dtype != "real" and "{{" in expr:
                 # an integer argument where the module takes reals
                 dt = b.real_dtype
-                expr = f"({expr}).to({dt})" if not _atomic(expr) else f"{expr}.to({dt})"
+                expr = f"{operand(expr, PRIMARY)}.to({dt})"
             args.append(expr)
         forward_kw = self.forward_hypers(fn)
         rows = self._table_axis(b, e, fn)
@@ -1497,7 +1622,7 @@ class Generator:
                           else f"{ident(name)}={first}{py_poly(value, b.sym)}")
             if not fn.inputs:
                 kw.append(f"device={b.device}")
-                if not (fn.builtin and fn.name in BUILTIN_FORWARD):
+                if fused_forward(fn) is None:
                     kw.append(f"dtype={b.real_dtype}")
             args.extend(kw)
         if e.family is not None and self._has_params(fn.name):
@@ -1510,7 +1635,7 @@ class Generator:
         mask) in an incremental model, the axis of its rows: it is made for start + T
         positions and read from row start. None for anything else; Mask^AR stays CAUSAL,
         which attention aligns to the keys."""
-        if fn.inputs or self.incremental is None or (fn.builtin and fn.name in MASK_PRODUCERS):
+        if fn.inputs or self.incremental is None or mask_kind(fn) in SENTINEL_MASKS:
             return None
         axis = next((k for k, d in enumerate(e.outs[0].type.shape) if self.by_position(d)),
                     None)
@@ -1531,8 +1656,8 @@ class Generator:
             return memo[key]
         memo[key] = True  # cycles are impossible; this is only a guard
         fn = self.functions[fn_name]
-        if fn.builtin and fn.name in BUILTIN_FORWARD:
-            memo[key] = inp not in MASK_AWARE_INPUTS.get(fn.name, set())
+        if fused_forward(fn) is not None:
+            memo[key] = inp != intrinsic(fn).mask_input
             return memo[key]
         flows = {inp}
         need = False
@@ -1555,8 +1680,8 @@ class Generator:
     def maybe_mask(self, b: Body, v: _Val, t: TensorType) -> str:
         """`mask_tensor(...)` around a value that may be CAUSAL or None at run time."""
         p = v.producer
-        from_mask = p is not None and p.op == "call" and any(
-            self.is_builtin(p, m) for m in MASK_PRODUCERS)
+        from_mask = p is not None and p.op == "call" and \
+            mask_kind(self.functions[p.attrs["module"]]) in SENTINEL_MASKS
         square = len(t.shape) == 2 and not any(isinstance(d, Ell) for d in t.shape) \
             and t.dtype == "real" and t.shape[0] == t.shape[1]
         if not square:
@@ -1690,7 +1815,7 @@ class Generator:
         body.lower(eqns)
         outputs = [o.name for o in model.outputs]
         softmax_out = len(outputs) == 1 and body.vals[outputs[0]].producer is not None and \
-            self.is_builtin(body.vals[outputs[0]].producer, "Softmax")
+            self.is_kind(body.vals[outputs[0]].producer, "softmax")
         head = self._prologue(model, {v.name: body.vals[v.name].expr for v in model.inputs})
         if softmax_out:
             producer = body.vals[outputs[0]].producer
@@ -1730,7 +1855,7 @@ class Generator:
 
     def _step_methods(self, args: list[str], method: str) -> list[str]:
         """cache_sites() and step(): the incremental form, with the keys and values of the
-        positions before this call's (see compiler/incremental.py)."""
+        positions before this call's (see compiler/passes/incremental.py)."""
         inc = self.incremental
         parts = []
         for loop in sorted({s.loop for s in inc.sites}, key=lambda k: -1 if k is None else k):
@@ -1828,6 +1953,18 @@ class Generator:
         first = None
         for v in model.inputs:
             for k, d in enumerate(v.type.shape):
+                along = v.type.dtype != "real" or k < len(v.type.shape) - 1
+                if along and isinstance(d, Poly) and d.symbols() and \
+                        not d.symbols() & self.dynamic:
+                    # a length a parameter fixes (ir.sequence_symbols): this size only, as
+                    # the ONNX graph's input shape says
+                    x = names[v.name]
+                    axis = k + (2 if v.type.family is not None else 1)
+                    size = py_poly(d, self.consts)
+                    lines.append(Line(f"assert {x}.shape[{axis}] == {size}, "
+                                      f"f\"{v.name}: {{{x}.shape[{axis}]}} along axis {axis}; "
+                                      f"the model takes exactly {{{size}}}\""))
+                    continue
                 if isinstance(d, Poly) and d.symbols() & self.dynamic and len(d.terms) == 1:
                     s = next(iter(d.symbols()))
                     T = self.run_length[s]

@@ -45,20 +45,52 @@ def per_member(x, rank):
     return x.unsqueeze(-rank - 1) if isinstance(x, torch.Tensor) else x
 
 
-# project() runs CPU float32 inference through oneDNN's inner product, which multiplies by a
-# weight faster than the default CPU GEMM; False: always the plain product
+# project() runs CPU float32 inference through whichever of two kernels multiplies by the
+# weight faster on this CPU: oneDNN's inner product or the default GEMM behind x @ w. The
+# winner depends on the processor (mostly oneDNN on an AMD EPYC, the GEMM on an Intel Xeon)
+# and on the shape, so the first product of each shape class (rows to a power of two, the
+# weight's shape and layout, the threads) times both, and KERNELS keeps the faster for the
+# rest of the process. ONEDNN = False takes the plain product everywhere.
 ONEDNN = True
+KERNELS = {}
+
+
+def onednn(x, w):
+    """x @ w through oneDNN's inner product, which takes the weight as (out, in)."""
+    return torch.ops.mkldnn._linear_pointwise(x, w.mT, None, "none", [], "")
+
+
+def fastest(x, w):
+    """The faster kernel for x @ w, and the product: the two alternate, each keeping its
+    best of 3 calls (fewer when a round takes over 50 ms: a slow product needs no more)."""
+    from time import perf_counter  # here: model.py imports torch and math only
+
+    kernels, best = (onednn, torch.matmul), [math.inf, math.inf]
+    for _ in range(3):
+        start = perf_counter()
+        for k, kernel in enumerate(kernels):
+            t0 = perf_counter()
+            out = kernel(x, w)
+            best[k] = min(best[k], perf_counter() - t0)
+        if perf_counter() - start > 0.05:
+            break
+    return kernels[best.index(min(best))], out
 
 
 def project(x, w):
-    """x @ w for a weight w of shape (in, out). Without gradients being recorded, CPU
-    float32 runs through oneDNN (see ONEDNN); training, other devices and dtypes, and
-    torch.compile (which picks its own kernels) take the plain product."""
-    if ONEDNN and not torch.is_grad_enabled() and not torch.compiler.is_compiling() \
-            and x.device.type == "cpu" and x.dtype == w.dtype == torch.float32 and w.shape[0] \
-            and torch.backends.mkldnn.is_available():
-        return torch.ops.mkldnn._linear_pointwise(x, w.mT, None, "none", [], "")
-    return x @ w
+    """x @ w for a weight w of shape (in, out): CPU float32 inference through the faster
+    kernel (see ONEDNN); training, other devices and dtypes, and torch.compile (which
+    picks its own kernels) take the plain product."""
+    if not (ONEDNN and not torch.is_grad_enabled() and not torch.compiler.is_compiling()
+            and x.device.type == "cpu" and x.dtype == w.dtype == torch.float32 and w.shape[0]
+            and torch.backends.mkldnn.is_available()):
+        return x @ w
+    rows = x.numel() // w.shape[0]
+    key = rows.bit_length(), w.shape, w.stride(), torch.get_num_threads()
+    if key in KERNELS:
+        return KERNELS[key](x, w)
+    KERNELS[key], out = fastest(x, w)
+    return out
 
 
 def take(base, rank, member, *index):
@@ -81,7 +113,7 @@ class LN(nn.Module):
     module LN[eps = 1e-5](X: R[..., H]) -> R[..., H] {
       LN(X) = gamma * (X - mu) / sqrt(sigma2 + eps) + beta
         where mu = mean(X), sigma2 = mean((X - mu) * (X - mu))
-      param gamma: R[H], beta: R[H]
+      param gamma: R[H] = 1, beta: R[H] = 0
     }
     """
 
@@ -186,7 +218,7 @@ class FF_GELU(nn.Module):
     """
     module FF^GELU[F](X: R[..., H]) -> R[..., H] {
       FF^GELU(X) = GELU(X @ W_1 + b_1) @ W_2 + b_2
-      param W_1: R[H, F], b_1: R[F], W_2: R[F, H], b_2: R[H]
+      param W_1: R[H, F], b_1: R[F] = 0, W_2: R[F, H], b_2: R[H] = 0
     }
     """
 

@@ -3,18 +3,24 @@
 A `Function` is one module of the standard library or of a spec; a `Model` is a spec's
 model box with its prologue (the embedding), its layer loop and its epilogue (the
 output). Every equation is `outs = op(ins; attrs)` with the span it came from. Types
-carry symbolic dimensions (`compiler.symbolic.Poly`), so the same IR prints with
+carry symbolic dimensions (`compiler.elaborate.symbolic.Poly`), so the same IR prints with
 hyperparameters left symbolic or with a preset's values.
+
+The same classes define the IR's JSON form (`Document`, docs/architecture.md "The IR as
+JSON"): each field that holds a size, an `Ell` or a real number says how it is written,
+through the `Size`, `Dimension`, `Scalar` and `Member` annotations below.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import math
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict
+from typing_extensions import TypedDict
 
-from .errors import Span
-from .symbolic import Poly, format_poly
+from ..errors import Span
+from .symbolic import Poly, format_poly, parse_poly
 
 
 class _Base(BaseModel):
@@ -26,13 +32,17 @@ class _Base(BaseModel):
     `inspect.signature(list)` on every construction (80 µs; a tenth of a preset's
     elaboration)."""
 
-    model_config = ConfigDict(arbitrary_types_allowed=True, defer_build=True)
+    model_config = ConfigDict(defer_build=True, extra="forbid")
 
     def __init__(self, /, **data: Any) -> None:
         built = type(self).model_construct(**data)
         for slot in ("__dict__", "__pydantic_fields_set__", "__pydantic_extra__",
                      "__pydantic_private__"):
             object.__setattr__(self, slot, getattr(built, slot))
+
+    # marks this __init__ as pydantic's own, so that validation (`model_validate_json`)
+    # builds nested nodes itself instead of handing the raw input to this __init__
+    __init__.__pydantic_base_init__ = True  # type: ignore[attr-defined]
 
 
 class Ell:
@@ -56,17 +66,127 @@ class Ell:
 Dim = Poly | Ell
 
 
+# ---------------------------------------------------------------- the JSON form of values
+# A size is its canonical text (`12*H^2*L + V*H`, as format_poly writes it, read back by
+# parse_poly); an Ell is {"ell": name}; a real number is a JSON number, or "inf", "-inf" or
+# "nan" (`inf` is a keyword of the spec language, never a size's symbol). In Python
+# (`model_dump()`), values stay what they are.
+
+
+class InJSON:
+    """`Annotated[T, InJSON(write, read, schema)]`: a T is written in JSON as `write(t)`,
+    read back with `read` (else as pydantic reads a T) and described by `schema` (else as
+    pydantic describes a T). What pydantic's PlainSerializer, PlainValidator and
+    WithJsonSchema do, through the hook they use: importing them costs `fgc params` 1.5 ms."""
+
+    __slots__ = ("write", "read", "schema")
+
+    def __init__(self, write: Any, read: Any = None, schema: dict | None = None):
+        self.write, self.read, self.schema = write, read, schema
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: Any) -> Any:
+        from pydantic_core import core_schema
+        written = core_schema.plain_serializer_function_ser_schema(self.write, when_used="json")
+        if self.read is None:
+            return {**handler(source), "serialization": written}
+        return core_schema.no_info_plain_validator_function(self.read, serialization=written)
+
+    def __get_pydantic_json_schema__(self, schema: Any, handler: Any) -> Any:
+        return dict(self.schema) if self.schema is not None else handler(schema)
+
+_SIZE_SCHEMA = {"type": "string", "description": "an exact size, as fgc prints it: a "
+                "polynomial over hyperparameters such as `12*H^2*L + V*H` or `H/A`"}
+_ELL_SCHEMA = {"type": "object", "properties": {"ell": {"type": "string"}},
+               "required": ["ell"], "additionalProperties": False,
+               "description": "a run of leading dimensions of unknown rank (`...`)"}
+_REAL_SCHEMA = {"anyOf": [{"type": "number"}, {"enum": ["inf", "-inf", "nan"]}],
+                "description": "a real number"}
+
+
+def _size_in(v: Any) -> Poly:
+    if isinstance(v, Poly):
+        return v
+    if isinstance(v, str):
+        return parse_poly(v)
+    raise ValueError(f"a size is written as text such as \"H/A\", not {v!r}")
+
+
+def _size_out(p: Poly) -> str:
+    return format_poly(p)
+
+
+def _dim_in(v: Any) -> Poly | Ell:
+    if isinstance(v, Ell):
+        return v
+    if isinstance(v, dict):
+        if set(v) != {"ell"} or not isinstance(v["ell"], str):
+            raise ValueError(f"a dimension is a size or {{\"ell\": name}}, not {v!r}")
+        return Ell(v["ell"])
+    return _size_in(v)
+
+
+def _dim_out(d: Poly | Ell) -> str | dict:
+    return {"ell": d.name} if isinstance(d, Ell) else format_poly(d)
+
+
+def _real_in(v: Any) -> float:
+    if v in ("inf", "-inf", "nan") or (isinstance(v, (int, float)) and not isinstance(v, bool)):
+        return float(v)
+    raise ValueError(f"a real number is a JSON number, \"inf\", \"-inf\" or \"nan\", not {v!r}")
+
+
+def _real_out(x: float) -> float | str:
+    return x if math.isfinite(x) else str(x)
+
+
+def _scalar_in(v: Any) -> Poly | float:
+    if isinstance(v, str) and v not in ("inf", "-inf", "nan"):
+        return _size_in(v)
+    return v if isinstance(v, Poly) else _real_in(v)
+
+
+def _scalar_out(v: Poly | float) -> str | float:
+    return format_poly(v) if isinstance(v, Poly) else _real_out(v)
+
+
+def _member_in(v: Any) -> Poly | str:
+    if isinstance(v, (str, Poly)):
+        return v
+    if isinstance(v, dict) and set(v) == {"size"}:
+        return _size_in(v["size"])
+    raise ValueError(f"a member is an index's name or {{\"size\": size}}, not {v!r}")
+
+
+def _member_out(m: Poly | str) -> str | dict:
+    return m if isinstance(m, str) else {"size": format_poly(m)}
+
+
+Size = Annotated[Poly, InJSON(_size_out, _size_in, _SIZE_SCHEMA)]
+Dimension = Annotated[Dim, InJSON(_dim_out, _dim_in, {"anyOf": [_SIZE_SCHEMA, _ELL_SCHEMA]})]
+# a size where the spec has an exact one, else a real number (`eps = 1e-5`, `-inf`)
+Scalar = Annotated[Poly | float, InJSON(_scalar_out, _scalar_in,
+                                        {"anyOf": [_SIZE_SCHEMA, _REAL_SCHEMA]})]
+# the index a `for` maps over (`W_i`: "i"), or a fixed member (`W_1`, `W_l`: {"size": "l"})
+Member = Annotated[Poly | str, InJSON(_member_out, _member_in, {"anyOf": [
+    {"type": "string"}, {"type": "object", "properties": {"size": _SIZE_SCHEMA},
+                         "required": ["size"], "additionalProperties": False}]})]
+# a set as a sorted list, and a dict by sorted keys, so that the JSON does not depend on
+# the order of a set's members (which varies from run to run)
+Names = Annotated[frozenset[str], InJSON(sorted)]
+SpansByName = Annotated[dict[str, Span], InJSON(lambda d: dict(sorted(d.items())))]
+
+
 class TensorType(_Base):
     """A real, integer or boolean tensor; integers may carry their range `lo..hi`."""
 
     dtype: Literal["real", "int", "bool"] = "real"
-    shape: tuple[Any, ...] = ()  # Dim
-    lo: Any = None  # Poly | None
-    hi: Any = None
+    shape: tuple[Dimension, ...] = ()
+    lo: Size | None = None
+    hi: Size | None = None
     perm: bool = False  # a permutation of lo..hi
     neg_inf: bool = False  # may hold -inf (a mask): multiplying by it is a mistake
-    taint: frozenset = frozenset()  # inputs of the enclosing module this value carries
-    family: Any = None  # Poly: number of members when the value is an indexed family
+    taint: Names = frozenset()  # inputs of the enclosing module this value carries
+    family: Size | None = None  # number of members when the value is an indexed family
 
     def member(self) -> TensorType:
         return self.model_copy(update={"family": None})
@@ -81,8 +201,7 @@ class TensorType(_Base):
 def format_dim(d: Any) -> str:
     if isinstance(d, Ell):
         return "..."
-    text = format_poly(d)
-    return text
+    return format_poly(d)
 
 
 def format_type(t: TensorType) -> str:
@@ -110,8 +229,8 @@ class Operand(_Base):
     """A value by name, a constant, or one member (or all members) of a family."""
 
     name: str | None = None
-    const: Any = None  # Poly (exact) or float
-    member: Any = None  # Poly index of a family member, or the name of a family index
+    const: Scalar | None = None
+    member: Member | None = None
     whole_family: bool = False
 
     def __str__(self) -> str:
@@ -136,12 +255,34 @@ class Guard(_Base):
         return self.text if self.positive else f"not ({self.text})"
 
 
+class Attrs(TypedDict, total=False):
+    """An equation's attributes; which an op has is up to the op (`call`: module, label,
+    bindings, instance). Declared in the order the elaborator writes them, which is the
+    order validation gives them back in."""
+
+    # a key not declared below travels as plain JSON (a Poly there fails to serialize),
+    # rather than vanish: an op that gains an attribute declares it here
+    __pydantic_config__ = ConfigDict(extra="allow")  # type: ignore[misc]
+
+    module: str  # call: the module called
+    label: str | None  # call: the instance's name as written (`attn: Attention(...)`)
+    bindings: dict[str, Scalar]  # call: the module's hyperparameters
+    instance: str  # call: the instance's name, written or made up
+    shape: tuple[Dimension, ...]  # broadcast_to
+    size: Size  # iota, members
+    axis: int  # iota, members
+    rank: int  # iota
+    counts: list[Size | None]  # concat: members of each whole-family argument
+    kinds: list[str]  # index: how each axis is indexed
+    guard: str  # cond: the condition on the layer index, as written
+
+
 class Eqn(_Base):
     outs: list[Value]
     op: str
     ins: list[Operand]
-    attrs: dict[str, Any] = {}
-    family: tuple[str, Any] | None = None  # mapped over (index, size)
+    attrs: Attrs = {}
+    family: tuple[str, Size] | None = None  # mapped over (index, size)
     guards: list[Guard] = []
     span: Span | None = None
 
@@ -151,11 +292,12 @@ class Param(_Base):
     type: TensorType  # .family set for indexed families
     span: Span | None = None
     declared: str = ""  # the name as written
+    init: str = "normal"  # normal | zeros | ones: how it starts when no weights are given
 
 
 class Hyper(_Base):
     name: str
-    default: Any = None  # Poly | float | None
+    default: Scalar | None = None
     span: Span | None = None
     text: str = ""  # the default as written
 
@@ -169,7 +311,7 @@ class Function(_Base):
     outputs: list[Value]
     span: Span | None = None
     builtin: bool = False  # from the standard library
-    mask_products: dict[str, Any] = {}  # input -> span of a `*` it reaches
+    mask_products: SpansByName = {}  # input -> span of a `*` it reaches
 
 
 class Carried(_Base):
@@ -183,8 +325,8 @@ class Carried(_Base):
 
 class Loop(_Base):
     var: str
-    lo: Any
-    hi: Any
+    lo: Size
+    hi: Size
     body: list[Eqn]
     carried: list[Carried]
     shared: list[str] = []
@@ -217,6 +359,23 @@ class Model(_Base):
     shared_with: list[SharedWith] = []
 
 
+class Document(_Base):
+    """The JSON form of an elaborated model: `fgc ir --format json` writes one, and
+    `Document.model_validate_json` reads it back into the same IR. `functions` holds the
+    modules the model calls, each after those it calls itself (see `used_modules`)."""
+
+    format: Literal["fgc-ir"] = "fgc-ir"
+    version: Literal[1] = 1  # raised when a change would misread an older file
+    model: Model
+    functions: dict[str, Function] = {}
+
+    @classmethod
+    def of(cls, model: Model, functions: dict[str, Function]) -> Document:
+        return cls(model=model, functions={name: functions[name]
+                                           for name in used_modules(model, functions)
+                                           if name in functions})
+
+
 def sequence_symbols(model: Model, functions: dict[str, Function] | None = None) -> set[str]:
     """The sizes that vary from run to run: the length of token ids and permutations, and
     every axis but the last (the features) of a real input. Loop bounds and family sizes
@@ -225,6 +384,11 @@ def sequence_symbols(model: Model, functions: dict[str, Function] | None = None)
     of the model's, whose other axes may be positions)."""
     fixed = {s for item in model.body if isinstance(item, Loop)
              for b in (item.lo, item.hi) if isinstance(b, Poly) for s in b.symbols()}
+    eqns = [e for item in model.body for e in (item.body if isinstance(item, Loop) else [item])]
+    fixed |= {s for e in eqns if e.family is not None and isinstance(e.family[1], Poly)
+              for s in e.family[1].symbols()}
+    fixed |= {s for p in model.params if isinstance(p.type.family, Poly)
+              for s in p.type.family.symbols()}
     if functions is not None:
         fixed |= _parameter_sizes(model, functions)
     out: set[str] = set()

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-from .errors import Span
+from ..errors import FgcError, Span
 
 # ---------------------------------------------------------------- expressions
 
@@ -193,6 +194,7 @@ class ParamDecl:
     name: str
     type: Type
     family: Family | None
+    init: str = "normal"  # normal | zeros | ones: how it starts without weights
 
 
 @dataclass
@@ -334,3 +336,46 @@ class File:
     name: str
     modules: list[Module]
     models: list[Model]
+
+
+# ---------------------------------------------------------------- number literals
+
+MAX_NUMBER_DIGITS = 40
+
+_SUFFIX = {"K": 10**3, "M": 10**6, "B": 10**9, "T": 10**12}
+MAX_MAGNITUDE = 10**300  # floats end near 1.8e308; no size or constant comes near this
+_MISPLACED_UNDERSCORE = re.compile(r"(?<![0-9])_|_(?![0-9])")
+_UNDERSCORES = re.compile(r"_+")
+
+
+def parse_number(tok, filename: str) -> Fraction:
+    """The exact value of a number token (`768`, `10_000`, `1e-5`, `1.3B`); FgcError, located
+    at the token, for what the grammar's patterns let through but is not a number: an `_`
+    that is not between two digits (`1_`, `1__0`), more than MAX_NUMBER_DIGITS digits, or a
+    magnitude past MAX_MAGNITUDE (beyond that a float overflows). `--set` passes its text
+    here too, so other malformed text raises ValueError (or FgcError)."""
+    raw = str(tok)
+    span = Span(filename, tok.line, tok.column, tok.end_line, tok.end_column)
+    shown = f"{raw[:20]}{'…' if len(raw) > 20 else ''}"
+    if _MISPLACED_UNDERSCORE.search(raw):
+        raise FgcError(f"malformed number `{shown}`: `_` goes between two digits", span,
+                       f"write `{_UNDERSCORES.sub('_', raw).strip('_')}`"
+                       if raw.strip("_") else None)
+    text = raw.replace("_", "")
+    scale = 1
+    if text[-1] in _SUFFIX:
+        scale = _SUFFIX[text[-1]]
+        text = text[:-1]
+    digits = len(text.split("e")[0].split("E")[0])
+    exponent = 0
+    for marker in ("e", "E"):
+        if marker in text:
+            exponent = int(text.split(marker)[1])
+    if digits > MAX_NUMBER_DIGITS or abs(exponent) > 300:
+        raise FgcError(f"number too large: {shown}", span,
+                       f"fgc accepts at most {MAX_NUMBER_DIGITS} digits")
+    value = Fraction(text) * scale
+    if abs(value) > MAX_MAGNITUDE:
+        raise FgcError(f"number too large: {shown}", span,
+                       "fgc accepts numbers up to 1e300")
+    return value

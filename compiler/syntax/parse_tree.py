@@ -4,15 +4,29 @@ file is not in the parse cache)."""
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
 import lark
 from lark import Token, Transformer, Tree, v_args
 
-from . import syntax as S
-from .errors import FgcError, Span
-from .parse import _TERMINAL_TEXT, GRAMMAR, MAX_DEPTH, parse_number
+from ..errors import FgcError, Span
+from . import nodes as S
+from .nodes import parse_number
 
+GRAMMAR = Path(__file__).with_name("grammar.lark")
+
+MAX_DEPTH = 400  # depth of one expression's tree; deeper input is rejected, not recursed into
 _MAX_STEP_ARG = 2**31  # a checkpoint step's axis or count (`split(2, 3, 1)`)
+
+# How expected terminals read in a message.
+_TERMINAL_TEXT = {
+    "NAME": "a name", "INT": "an integer", "FLOAT": "a number", "LPAR": "'('", "RPAR": "')'",
+    "LSQB": "'['", "RSQB": "']'", "LBRACE": "'{'", "RBRACE": "'}'", "COMMA": "','",
+    "EQUAL": "'='", "COLON": "':'", "PLUS": "'+'", "MINUS": "'-'", "STAR": "'*'", "SLASH": "'/'",
+    "CIRCUMFLEX": "'^'", "ELLIPSIS": "'...'", "__ANON_0": "'->'", "EQEQ": "'=='", "TILDE": "'~'",
+    "CMP": "a comparison", "PARITY": "'even' or 'odd'", "AT": "'@'", "PERCENT": "'%'",
+    "$END": "end of file",
+}
 
 
 @functools.lru_cache(maxsize=1)
@@ -100,6 +114,9 @@ def _binop(op: str):
     def method(self, meta, children):
         return S.BinOp(self._span(meta), op, children[0], children[1])
     return method
+
+
+INIT = {"0": "zeros", "1": "ones"}  # `param b: R[H] = 0`
 
 
 class _ToSyntax(Transformer):
@@ -284,7 +301,12 @@ class _ToSyntax(Transformer):
 
     @v_args(meta=True)
     def param_decl(self, meta, children):
-        return S.ParamDecl(self._span(meta), str(children[0]), children[1], children[2])
+        init = children[3]
+        if init is not None and str(init) not in INIT:
+            raise FgcError("a parameter starts at 0 or 1 (`= 0`, `= 1`)", self._span(meta),
+                           "leave `= ...` out for N(0, 0.02²)")
+        return S.ParamDecl(self._span(meta), str(children[0]), children[1], children[2],
+                           INIT[str(init)] if init is not None else "normal")
 
     @v_args(meta=True)
     def family(self, meta, children):

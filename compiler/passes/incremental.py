@@ -23,21 +23,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from . import ir
-from .errors import FgcError, Span
-from .ir import Ell, Eqn, Loop, TensorType, sequence_symbols
-from .symbolic import Poly, format_poly
+from ..elaborate import ir
+from ..elaborate.intrinsics import CAUSAL_KINDS, intrinsic, is_kind, mask_kind
+from ..elaborate.ir import Ell, Eqn, Loop, TensorType, sequence_symbols
+from ..elaborate.primitives import PRIMITIVES
+from ..elaborate.symbolic import Poly, format_poly
+from ..errors import FgcError, Span
 
-# masks under which position i sees no position j > i: a cache of the keys is exact
-CAUSAL_MASKS = {"Mask^AR", "Mask^AR_next", "Mask^AR_curr", "Mask^ST"}
-# standard-library modules that act on each position alone (on the last axis, or per id)
-POSITIONWISE = {"OneHot"}
-POINTWISE = {
-    "add", "sub", "mul", "div", "neg", "max", "min", "pow", "mod", "exp", "log", "sqrt",
-    "tanh", "sigmoid", "erf", "sin", "cos", "abs", "eq", "ne", "lt", "le", "gt", "ge", "and",
-    "or", "not", "select", "cond", "stopgrad", "broadcast_to",
-}
-LAST_AXIS = {"sum", "mean", "amax", "concat"}  # act along the last axis only
+# what keeps positions apart: element-wise ops and those along the last axis only
+POINTWISE = {name for name, p in PRIMITIVES.items() if p.family == "elementwise"} | {"cond"}
+LAST_AXIS = {name for name, p in PRIMITIVES.items() if p.family == "last_axis"}
 
 
 class NotIncremental(FgcError):
@@ -54,6 +49,7 @@ class CacheSite:
     key: tuple  # a member's key dims, model symbols; None is the positions axis
     value: tuple
     span: Span | None = None
+    shared: frozenset = frozenset()  # "key", "value": one for every head (multi-query)
 
 
 @dataclass
@@ -100,7 +96,7 @@ class Incremental:
         (named `past`), then the key's (or value's) own."""
         known = {k: v for k, v in values.items() if isinstance(v, Poly)}
         out: list = ["batch"]
-        if site.heads is not None:
+        if site.heads is not None and kind not in site.shared:
             out.append(_number(site.heads, known))
         for d in (site.key if kind == "key" else site.value):
             out.append(past if d is None else _number(d, known))
@@ -128,6 +124,9 @@ class _Scope:
         self.types = types  # value and parameter name -> type
         self.causal: set[str] = set()  # values holding a causal mask
         self.ells: set[str] = set()  # `...` that stand for dims including the positions
+        self.varying: set[str] = set()  # values that differ from family member to member
+        self.computed: set[str] = set()  # values its equations compute (not parameters)
+        self.guarded: Span | None = None  # the call, made by some layers only, it is inside
 
 
 class _Walk:
@@ -136,6 +135,7 @@ class _Walk:
         self.functions = functions
         self.g = g
         self.sites: list[CacheSite] = []
+        self.causal_seen = False  # some causal attention over the positions, cached or not
         self.errors: list[tuple[str, Span | None]] = []
 
     def fail(self, message: str, span: Span | None) -> None:
@@ -214,6 +214,9 @@ class _Walk:
     def eqn(self, e: Eqn, s: _Scope, shared: set[str]) -> None:
         for v in e.outs:
             s.types[v.name] = v.type
+        if e.family is not None and (e.op == "members" or any(self.varies(o, s) for o in e.ins)):
+            s.varying.update(v.name for v in e.outs)
+        s.computed.update(v.name for v in e.outs)
         ins = [self.type_of(o, s) for o in e.ins]
         causal_in = [o.name in s.causal for o in e.ins if o.name is not None]
         if e.op == "call":
@@ -270,20 +273,23 @@ class _Walk:
                      if isinstance(v, Poly) and v.symbols() and v.symbols() <= s.gen
                      and len(v.terms) == 1 and v == Poly.sym(next(iter(v.symbols())))}
         if not fn.inputs:  # a table: masks and positions are computed, not learned
-            if fn.builtin and fn.name in CAUSAL_MASKS and inner_gen:
+            # masks under which position i sees no position j > i: a cache of the keys is
+            # exact
+            if mask_kind(fn) in CAUSAL_KINDS and inner_gen:
                 s.causal.update(v.name for v in e.outs)
-            elif fn.name.startswith("Mask^") and fn.builtin and inner_gen:
+            elif mask_kind(fn) is not None and inner_gen:
                 self.fail(f"{fn.name} lets a position see later ones", e.span)
             return
-        if fn.builtin and fn.name in POSITIONWISE:
+        if intrinsic(fn) is not None and intrinsic(fn).positionwise:
             return
-        if fn.builtin and fn.name == "Attention":
+        if is_kind(fn, "attention"):
             self.attention(e, s, ins, shared)
             return
         subst = {k: v.subs(s.subst) if isinstance(v, Poly) else v for k, v in bindings.items()}
         types = {v.name: v.type for v in fn.inputs}
         types.update((p.name, p.type) for p in fn.params)
         inner = _Scope(set(inner_gen), subst, s.path + (inst,), s.loop, types)
+        inner.guarded = s.guarded or (e.span if e.guards else None)
         for decl, o, t in zip(fn.inputs, e.ins, ins):
             if o.name is not None and o.name in s.causal:
                 inner.causal.add(decl.name)
@@ -302,8 +308,8 @@ class _Walk:
             self.eqn(inner_e, inner, set())
 
     def _has_site(self, fn: ir.Function) -> bool:
-        return any(e.op == "call" and (e.attrs["module"] == "Attention" or
-                                       self._has_site(self.functions[e.attrs["module"]]))
+        return any(e.op == "call" and (is_kind(self.functions[e.attrs["module"]], "attention")
+                                       or self._has_site(self.functions[e.attrs["module"]]))
                    for e in fn.eqns)
 
     def _bind(self, decl: TensorType, actual: TensorType, s: _Scope, inner: _Scope,
@@ -344,17 +350,28 @@ class _Walk:
             self.fail("attention over the generated positions without a causal mask: each "
                       "new token would change the earlier outputs", e.span)
             return
+        self.causal_seen = True
         if not queries:
             self.fail("attention of fixed queries over the generated positions", e.span)
             return
-        if e.guards:
-            self.fail("an attention that only some layers have", e.span)
+        if e.guards or s.guarded:
+            self.fail("an attention that only some layers have", s.guarded or e.span)
             return
         heads = e.family[1].subs(s.subst) if e.family is not None else None
+        same = frozenset(kind for kind, o in (("key", e.ins[1]), ("value", e.ins[2]))
+                         if not self.varies(o, s))
         self.sites.append(CacheSite(
             loop=s.loop, path=s.path + (e.attrs["instance"],), heads=heads,
             key=self._cache_dims(k, s, e.span), value=self._cache_dims(v, s, e.span),
-            span=e.span))
+            span=e.span, shared=same if heads is not None else frozenset()))
+
+    @staticmethod
+    def varies(o: ir.Operand, s: _Scope) -> bool:
+        """Whether an operand differs from member to member of the family being computed:
+        a member of a parameter or input family, or a value computed from one."""
+        if o.name in s.varying:
+            return True
+        return isinstance(o.member, str) and o.name not in s.computed
 
     def _cache_dims(self, t: TensorType, s: _Scope, span) -> tuple:
         t = t.member() if t.family is not None else t
@@ -384,7 +401,7 @@ def derive(model: ir.Model, functions: dict[str, ir.Function]) -> Incremental:
     for g, name in candidates:  # the first token input a causal attention runs over
         walk = _Walk(model, functions, g)
         walk.run()
-        if walk.sites:
+        if walk.sites or walk.causal_seen:
             found = walk, name
             break
     if found is None:

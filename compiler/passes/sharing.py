@@ -4,8 +4,10 @@ A model may declare that some of its parameters (model parameters, and the param
 module uses outside the layers) are the same tensors as another spec's: ELECTRA's generator
 uses the discriminator's embeddings. Each spec alone still counts its own copy, as its
 released checkpoint holds one; counted together (`fgc params A B`), shared tensors count
-once. Here the declarations are checked against the other spec (the same names with the
-same shapes, in every configuration the two have in common) and the joint count is made.
+once. Here a declaration is compared with the other spec (the same names with the same
+shapes, in every configuration the two have in common) and the joint count is made; reading
+the other spec is the pipeline's (pipeline.py loads it and calls `compare`), so this pass
+never imports the pipeline.
 """
 
 from __future__ import annotations
@@ -14,10 +16,10 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import ir
-from .errors import Diagnostic, FgcError
+from ..elaborate import ir
+from ..elaborate.symbolic import Poly, format_poly
+from ..errors import Diagnostic, FgcError
 from .params import as_int
-from .symbolic import Poly, format_poly
 
 
 def tensors(cfg, names: list[str]) -> dict[str, dict[str, tuple[tuple[int, ...], Poly]]]:
@@ -116,88 +118,6 @@ def _complete(spec) -> bool:
     return all(h.default is not None for h in free.values())
 
 
-def check(spec, sym) -> list[Diagnostic]:
-    """Every `share ... with` of a spec against the spec it names: that spec reads and
-    elaborates, and in each configuration both have it holds the shared tensors with the
-    same shapes. What the other file holds is never quoted: where it does not read, parse
-    or elaborate, the error says where and asks for `fgc check` of it."""
-    errors: list[Diagnostic] = []
-    for decl in sym.model.shared_with:
-        try:
-            path = other_path(spec.path, decl)
-        except FgcError as e:
-            errors += e.diagnostics
-            continue
-        if os.path.realpath(path) == os.path.realpath(spec.path):
-            errors.append(Diagnostic("error", f"`share ... with \"{decl.spec}\"` names this "
-                                     "spec itself", decl.spec_span,
-                                     "name the other spec whose tensors these are"))
-            continue
-        other = _load_other(path, decl, errors)
-        if other is None:
-            continue
-        if not other.file.models:
-            errors.append(Diagnostic("error", f"{decl.spec} defines no model to share with",
-                                     decl.spec_span))
-            continue
-        configs = common_configs(spec, other)
-        if not configs:
-            errors.append(Diagnostic(
-                "error", f"{spec.path} and {decl.spec} have no configuration in common, so "
-                "the shapes of what they share cannot be compared", decl.span,
-                "give both a preset of the same name"))
-            continue
-        for name in configs:
-            label = f"preset `{name}`" if name else "the defaults"
-            try:
-                mine = spec.configure(name)
-            except FgcError:
-                continue  # reported by this spec's own checks
-            try:
-                theirs = other.configure(name)
-            except FgcError as e:
-                errors.append(Diagnostic(
-                    "error", f"`{decl.spec}` does not elaborate with {label}"
-                    f"{_where(e)}", decl.spec_span, f"run `fgc check {path}`"))
-                continue
-            found = compare(decl, mine, theirs, label, decl.spec)
-            errors += found
-            if found:
-                break  # one configuration's mismatches say it; the others would repeat it
-    return errors
-
-
-def _load_other(path: Path, decl: ir.SharedWith, errors: list[Diagnostic]):
-    """The other spec, or None with an error that says why without quoting it."""
-    from .pipeline import load, read_source
-    try:
-        text = read_source(str(path))
-    except FgcError as e:
-        if not hasattr(e, "text"):  # it cannot be read (the reason quotes nothing of it)
-            errors.append(Diagnostic(
-                "error", f"`share ... with \"{decl.spec}\"`: {e.diagnostics[0].message}",
-                decl.spec_span,
-                "the path is relative to this spec's folder" if not path.exists() else
-                f"run `fgc check {path}`"))
-            return None
-        text = None  # read, but not text: fall through to the parse error below
-        error = e
-    if text is not None:
-        try:
-            return load(str(path), text)
-        except FgcError as e:
-            error = e
-    errors.append(Diagnostic("error", f"`{decl.spec}` does not parse{_where(error)}",
-                             decl.spec_span, f"run `fgc check {path}`"))
-    return None
-
-
-def _where(e: FgcError) -> str:
-    """` (other.fgpt:3:9)`: where another file's first problem is, without its text."""
-    span = e.diagnostics[0].span if e.diagnostics else None
-    return f" ({span})" if span is not None else ""
-
-
 @dataclass
 class Joint:
     """Several specs counted together, shared tensors once."""
@@ -263,4 +183,4 @@ def joint(items: list[tuple]) -> Joint:
     return Joint(total, groups, formula, errors)
 
 
-__all__ = ["check", "common_configs", "compare", "joint", "other_path", "tensors", "Joint"]
+__all__ = ["common_configs", "compare", "joint", "other_path", "tensors", "Joint"]

@@ -9,6 +9,7 @@ importing sympy alone costs more than the whole `fgc params` run is allowed.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
@@ -276,6 +277,128 @@ def format_poly(p: Poly, mul: str = "*") -> str:
         else:
             out += (" - " if coef < 0 else " + ") + text
     return out
+
+
+# A symbol is a spec's name (`d_k`, `c^loc`, `H'`) or a bracketed condition on sizes
+# (`[L > 2]`); an exponent is always a number, so `c^loc^2` is `c^loc` squared.
+_TOKEN = re.compile(r"\s*(?:(?P<num>\d+)"
+                    r"|(?P<name>[A-Za-z][A-Za-z0-9_]*'*(?:\^[A-Za-z][A-Za-z0-9_]*)?)"
+                    r"|(?P<punct>[-+*/^%(),\[]))")
+_ATOM_NAMES = ("floor", "ceil", "max", "min")
+
+
+def parse_poly(text: str) -> Poly:
+    """The Poly that `format_poly` wrote as `text`: `parse_poly(format_poly(p)) == p` for
+    every Poly, opaque parts included (`(H + 1)/(A + 1)`, `floor(L/2)`, `(L) % (2)` come
+    back as the same `Atom`s). Raises ValueError on text format_poly never writes."""
+    return _PolyReader(text).read()
+
+
+class _PolyReader:
+    """Recursive descent over format_poly's output: sums of products of powers."""
+
+    def __init__(self, text: str):
+        self.text = text
+        self.tokens = self._tokenize(text.rstrip())
+        self.i = 0
+
+    def _tokenize(self, text: str) -> list[tuple[str, str]]:
+        """(kind, text) pairs: kind is num, name (a bracketed condition too) or punct."""
+        out, pos = [], 0
+        while pos < len(text):
+            m = _TOKEN.match(text, pos)
+            if m is None:
+                raise self._error(f"unexpected {text[pos:].lstrip()[:1]!r}")
+            if m["punct"] == "[":  # a condition: everything up to the matching bracket
+                depth, end = 0, m.end() - 1
+                for end in range(m.end() - 1, len(text)):
+                    depth += {"[": 1, "]": -1}.get(text[end], 0)
+                    if depth == 0:
+                        break
+                if depth:
+                    raise self._error("unclosed `[`")
+                out.append(("name", text[m.end() - 1:end + 1]))
+                pos = end + 1
+                continue
+            kind = m.lastgroup
+            out.append((kind, m[kind]))
+            pos = m.end()
+        return out
+
+    def _error(self, why: str) -> ValueError:
+        return ValueError(f"not a size: {self.text!r} ({why})")
+
+    def _peek(self, value: str | None = None, offset: int = 0) -> bool:
+        j = self.i + offset
+        return j < len(self.tokens) and (value is None or self.tokens[j][1] == value)
+
+    def _take(self, value: str | None = None) -> str:
+        if not self._peek(value):
+            raise self._error(f"expected {value or 'more'}" + (
+                f" before {self.tokens[self.i][1]!r}" if self._peek() else " at the end"))
+        self.i += 1
+        return self.tokens[self.i - 1][1]
+
+    def read(self) -> Poly:
+        p = self._sum()
+        if self._peek():
+            raise self._error(f"unexpected {self.tokens[self.i][1]!r}")
+        return p
+
+    def _sum(self) -> Poly:
+        p = self._product()
+        while self._peek("+") or self._peek("-"):
+            p = p + self._product() if self._take() == "+" else p - self._product()
+        return p
+
+    def _product(self) -> Poly:
+        p = self._factor()
+        while self._peek("*") or self._peek("/"):
+            p = p * self._factor() if self._take() == "*" else p / self._factor()
+        return p
+
+    def _factor(self) -> Poly:
+        if self._peek("-"):
+            self._take()
+            return -self._factor()
+        base = self._primary()
+        if self._peek("^"):
+            self._take()
+            if not self._peek() or self.tokens[self.i][0] != "num":
+                raise self._error("an exponent is a whole number")
+            base = base ** int(self._take())
+        return base
+
+    def _primary(self) -> Poly:
+        if not self._peek():
+            raise self._error("expected more at the end")
+        kind, value = self.tokens[self.i]
+        if kind == "num":
+            self.i += 1
+            return Poly.const(int(value))
+        if kind == "name" and value in _ATOM_NAMES and self._peek("(", 1):
+            self.i += 2
+            args = [self._sum()]
+            while self._peek(","):
+                self._take()
+                args.append(self._sum())
+            self._take(")")
+            return Poly.sym(Atom(value, tuple(args)))
+        if kind == "name":
+            self.i += 1
+            return Poly.sym(value)
+        self._take("(")
+        inner = self._sum()
+        self._take(")")
+        # `(a)/(b)` and `(a) % (b)` are how Atom prints an opaque quotient or remainder;
+        # a parenthesised denominator of a plain term (`L/(2*H)`) is never followed by one
+        for op, symbol in (("div", "/"), ("mod", "%")):
+            if self._peek(symbol) and self._peek("(", 1):
+                self.i += 2
+                other = self._sum()
+                self._take(")")
+                return Poly.sym(Atom(op, (inner, other)))
+        return inner
 
 
 def format_int(value: Number) -> str:

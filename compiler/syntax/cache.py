@@ -2,7 +2,7 @@
 
 Nothing here is unpickled or executed. A syntax tree is stored as nested JSON lists
 (`["BinOp", span, "+", left, right]`) and read back against the dataclasses' own type
-hints: a class name outside compiler/syntax.py, a field of the wrong type or number, a
+hints: a class name outside nodes.py, a field of the wrong type or number, a
 truncated or oversized file, a link, a FIFO or a folder at an entry's path — any of these
 makes the entry a miss, and the spec is parsed again and the entry rewritten.
 
@@ -27,8 +27,8 @@ from pathlib import Path
 
 from runtime.files import atomic_write, cache_home, private_dir, read_entry
 
-from . import syntax as S
-from .errors import Span
+from ..errors import Span
+from . import nodes as S
 
 FORMAT = 1
 ENTRY_LIMIT = 64 * 2**20  # bytes; a spec is at most 512 KiB, its tree a few times that
@@ -84,7 +84,7 @@ def code_version() -> bytes:
     """The parser's own sources: an entry written by another fgc is never read."""
     here = Path(__file__).parent
     h = hashlib.sha256(f"format {FORMAT}".encode())
-    for f in ("grammar.lark", "parse.py", "parse_tree.py", "syntax.py", "cache.py"):
+    for f in ("grammar.lark", "parse.py", "parse_tree.py", "nodes.py", "cache.py"):
         h.update((here / f).read_bytes())
     return h.digest()
 
@@ -131,7 +131,7 @@ def _encode(x):
     return x
 
 
-# Decoding is directed by the type hints of compiler/syntax.py: what a field may hold is
+# Decoding is directed by the type hints of nodes.py: what a field may hold is
 # what its annotation says, so an entry cannot smuggle in another class or a wrong type.
 
 _CLASSES = {name: cls for name, cls in vars(S).items()
@@ -226,7 +226,7 @@ def _decoder(hint):
         return span
     if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         return lambda v: _decode_node(v, hint)
-    raise TypeError(f"compiler/cache.py has no rule for {hint!r}")
+    raise TypeError(f"compiler/syntax/cache.py has no rule for {hint!r}")
 
 
 # ---------------------------------------------------------------- Lark's tables

@@ -265,59 +265,67 @@ class Primitive:
     arity: int | None  # None: variadic
     rule: Callable
     doc: str
+    # elementwise: each entry from the same entry of the operands (broadcasting);
+    # last_axis: along the last axis only (each row alone); structure: anything else.
+    # The incremental analysis keeps positions apart through the first two.
+    family: str = "structure"
+    commutative: bool = False  # f(a, b) == f(b, a): `fgc diff` compares operands as a set
 
 
-def _p(name: str, arity: int | None, rule: Callable, doc: str) -> tuple[str, Primitive]:
-    return name, Primitive(name, arity, rule, doc)
+def _p(name: str, arity: int | None, rule: Callable, doc: str, family: str = "structure",
+       commutative: bool = False) -> tuple[str, Primitive]:
+    return name, Primitive(name, arity, rule, doc, family, commutative)
 
 
 PRIMITIVES: dict[str, Primitive] = dict([
     # arithmetic, element by element with broadcasting
-    _p("add", 2, elementwise(), "a + b"),
-    _p("sub", 2, elementwise(), "a - b"),
-    _p("mul", 2, elementwise(), "a * b (the seed's ⊙)"),
-    _p("div", 2, elementwise("real"), "a / b"),
-    _p("neg", 1, neg_rule, "-a"),
-    _p("max", 2, elementwise(), "max(a, b), element-wise"),
-    _p("min", 2, elementwise(), "min(a, b), element-wise"),
-    _p("pow", 2, pow_rule, "pow(a, p)"),
-    _p("mod", 2, elementwise("int"), "a % b on integers"),
-    _p("exp", 1, unary("real"), "e^a"),
-    _p("log", 1, unary("real"), "natural logarithm"),
-    _p("sqrt", 1, unary("real"), "square root"),
-    _p("tanh", 1, unary("real"), "hyperbolic tangent"),
-    _p("sigmoid", 1, unary("real"), "1 / (1 + e^-a)"),
-    _p("erf", 1, unary("real"), "the error function"),
-    _p("sin", 1, unary("real"), "sine (sinusoidal positions)"),
-    _p("cos", 1, unary("real"), "cosine"),
-    _p("abs", 1, abs_rule, "|a|"),
+    _p("add", 2, elementwise(), "a + b", "elementwise", commutative=True),
+    _p("sub", 2, elementwise(), "a - b", "elementwise"),
+    _p("mul", 2, elementwise(), "a * b (the seed's ⊙)", "elementwise", commutative=True),
+    _p("div", 2, elementwise("real"), "a / b", "elementwise"),
+    _p("neg", 1, neg_rule, "-a", "elementwise"),
+    _p("max", 2, elementwise(), "max(a, b), element-wise", "elementwise", commutative=True),
+    _p("min", 2, elementwise(), "min(a, b), element-wise", "elementwise", commutative=True),
+    _p("pow", 2, pow_rule, "pow(a, p)", "elementwise"),
+    _p("mod", 2, elementwise("int"), "a % b on integers", "elementwise"),
+    _p("exp", 1, unary("real"), "e^a", "elementwise"),
+    _p("log", 1, unary("real"), "natural logarithm", "elementwise"),
+    _p("sqrt", 1, unary("real"), "square root", "elementwise"),
+    _p("tanh", 1, unary("real"), "hyperbolic tangent", "elementwise"),
+    _p("sigmoid", 1, unary("real"), "1 / (1 + e^-a)", "elementwise"),
+    _p("erf", 1, unary("real"), "the error function", "elementwise"),
+    _p("sin", 1, unary("real"), "sine (sinusoidal positions)", "elementwise"),
+    _p("cos", 1, unary("real"), "cosine", "elementwise"),
+    _p("abs", 1, abs_rule, "|a|", "elementwise"),
     # comparisons and logic (used by masks and comprehensions)
-    _p("eq", 2, elementwise("bool"), "a == b"),
-    _p("ne", 2, elementwise("bool"), "a != b"),
-    _p("lt", 2, elementwise("bool"), "a < b"),
-    _p("le", 2, elementwise("bool"), "a <= b"),
-    _p("gt", 2, elementwise("bool"), "a > b"),
-    _p("ge", 2, elementwise("bool"), "a >= b"),
-    _p("and", 2, elementwise("bool"), "a and b"),
-    _p("or", 2, elementwise("bool"), "a or b"),
-    _p("not", 1, unary("bool"), "not a"),
-    _p("select", 3, select_rule, "a if cond else b, element-wise"),
+    _p("eq", 2, elementwise("bool"), "a == b", "elementwise", commutative=True),
+    _p("ne", 2, elementwise("bool"), "a != b", "elementwise", commutative=True),
+    _p("lt", 2, elementwise("bool"), "a < b", "elementwise"),
+    _p("le", 2, elementwise("bool"), "a <= b", "elementwise"),
+    _p("gt", 2, elementwise("bool"), "a > b", "elementwise"),
+    _p("ge", 2, elementwise("bool"), "a >= b", "elementwise"),
+    _p("and", 2, elementwise("bool"), "a and b", "elementwise", commutative=True),
+    _p("or", 2, elementwise("bool"), "a or b", "elementwise", commutative=True),
+    _p("not", 1, unary("bool"), "not a", "elementwise"),
+    _p("select", 3, select_rule, "a if cond else b, element-wise", "elementwise"),
     # reductions over the last axis, keeping it with size 1
-    _p("sum", 1, reduction, "sum over the last axis"),
-    _p("mean", 1, reduction, "mean over the last axis"),
-    _p("amax", 1, reduction, "maximum over the last axis"),
+    _p("sum", 1, reduction, "sum over the last axis", "last_axis"),
+    _p("mean", 1, reduction, "mean over the last axis", "last_axis"),
+    _p("amax", 1, reduction, "maximum over the last axis", "last_axis"),
     # structure
     _p("matmul", 2, matmul_rule, "a @ b"),
     _p("transpose", 1, transpose_rule, "a^T: swap the last two axes"),
-    _p("concat", None, concat_rule, "join along the last axis"),
+    _p("concat", None, concat_rule, "join along the last axis", "last_axis"),
     _p("index", None, None, "X[i, j], X[z[i], j], X[j, :], X[a..b, :] (1-based)"),
     _p("iota", 0, iota_rule, "the index i of a comprehension, 1..size along one axis"),
-    _p("broadcast_to", 1, broadcast_to_rule, "a comprehension's value at its declared shape"),
+    _p("broadcast_to", 1, broadcast_to_rule, "a comprehension's value at its declared shape",
+        "elementwise"),
     _p("invperm", 1, invperm_rule, "the inverse of a permutation: rank of each position"),
     _p("vconcat", None, vconcat_rule, "[A; B]: stack rows (Transformer-XL's memory)"),
     _p("argmax", 1, arg_rule, "1-based position of the maximum along the last axis"),
     _p("argsort", 1, arg_rule, "1-based positions that sort the last axis (stable)"),
-    _p("stopgrad", 1, identity_rule, "the value, with no gradient flowing back through it"),
+    _p("stopgrad", 1, identity_rule, "the value, with no gradient flowing back through it",
+        "elementwise"),
 ])
 
 # Primitives a spec calls by name; the rest come from operators and comprehensions.

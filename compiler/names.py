@@ -1,15 +1,17 @@
-"""Python identifiers for spec names: safe by construction, stable, collision-free.
+"""Naming policies the backends and weights.py share: identifiers for spec names, tensor layouts.
 
-The rule, applied here and nowhere else: `ident` spells a spec name as an identifier
-(`W^Q` -> `W_Q`), and one that model.py already owns takes a `_` suffix (`forward` ->
-`forward_`, `per_member` -> `per_member_`, `class` -> `class_`; `class_`, written in a spec,
-takes one more, so two names never meet: see `unreserved`). Class names follow the same rule
-after their first letter is capitalised. What model.py owns, RESERVED, is derived rather than
+Python identifiers for spec names are safe by construction, stable and collision-free. The
+rule, applied here and nowhere else: `ident` spells a spec name as an identifier (`W^Q` ->
+`W_Q`), and one that model.py already owns takes a `_` suffix (`forward` -> `forward_`,
+`per_member` -> `per_member_`, `class` -> `class_`; `class_`, written in a spec, takes one
+more, so two names never meet: see `unreserved`). Class names follow the same rule after
+their first letter is capitalised. What model.py owns, RESERVED, is derived rather than
 listed wherever a source exists:
 
 - Python's keywords, soft keywords and builtins (`keyword`, `builtins`);
-- the module-level names of the template, read from templates/model.py.j2 (its imports,
-  helpers and constants), and what codegen imports from torch.nn.functional (FUNCTIONAL);
+- the module-level names of the torch backend's template, read from
+  backends/torch/templates/model.py.j2 (its imports, helpers and constants), and what its
+  codegen imports from torch.nn.functional (FUNCTIONAL);
 - every public attribute of nn.Module (NN_MODULE: written out so that compiling need not
   import torch; tests/test_reserved_names.py checks it against dir(torch.nn.Module));
 - the locals and attributes the generated methods bind themselves (GENERATED; the same test
@@ -18,7 +20,11 @@ listed wherever a source exists:
 
 A model's state-dict keys are these identifiers (compiler/weights.py's state_key calls
 ident), so a checkpoint block's names land on the renamed attributes and a weights file
-is written in the module's own names; the ONNX graph's names (onnx_key) use them too.
+is written in the module's own names; the ONNX graph's names (onnx_key) use them too. The
+layouts below (a family of parameters as one tensor, the attribute of each `layers` block,
+how a parameter starts) are shared the same way: the torch and ONNX backends and the
+checkpoint import agree on them by importing them from here. This module reads the torch
+template as a file and imports nothing of the backends.
 """
 
 from __future__ import annotations
@@ -29,9 +35,9 @@ import re
 import unicodedata
 from pathlib import Path
 
-TEMPLATE = Path(__file__).parent / "templates" / "model.py.j2"
+TEMPLATE = Path(__file__).parent / "backends" / "torch" / "templates" / "model.py.j2"
 
-# a spec name as the grammar reads it (compiler/grammar.lark's NAME), not inside a longer word
+# a spec name as the grammar reads it (syntax/grammar.lark's NAME), not inside a longer word
 NAME = r"(?<![\w'^.])[A-Za-z][A-Za-z0-9_]*'*(?:\^[A-Za-z][A-Za-z0-9_]*)?"
 
 # torch.nn.functional's functions that model.py imports, by the name it calls them
@@ -67,7 +73,7 @@ LINT = {"assert_", "assertEquals", "assertNotEquals", "assertAlmostEquals",
         "assertNotAlmostEquals", "assertRegexpMatches", "assertRaisesRegexp", "failUnless",
         "failIf", "failUnlessEqual", "failIfEqual", "failUnlessAlmostEqual",
         "failIfAlmostEqual", "failUnlessRaises", "assertDictContainsSubset"}
-# the model's attributes holding its second, third, ... `layers` block (codegen.layers_attr)
+# the model's attributes holding its second, third, ... `layers` block (layers_attr)
 GENERATED_PATTERN = re.compile(r"layers\d+")
 
 
@@ -175,3 +181,23 @@ class Namer:
         self.taken.add(out)
         self.names[name] = out
         return out
+
+
+def safe_name(path: str) -> str:
+    """A file name as it may appear in generated code: letters, digits and `._-` only."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", Path(path).name) or "spec"
+
+
+def family_layout(dims: list, family):
+    """How an indexed family of parameters is stored: one tensor, the family axis just
+    before the member's last axis. W_i^Q ∈ R^{H×D} for i in 1..A is (H, A, D), so
+    X @ W^Q for every head at once is one matrix product with the (H, A·D) view."""
+    if len(dims) >= 2:
+        return dims[:-1] + [family] + dims[-1:]
+    return [family] + dims
+
+
+def layers_attr(index: int) -> str:
+    """The model's attribute holding the layers of its `index`-th `layers` block (0-based):
+    `layers`, then `layers2`, `layers3`, ... (an encoder, then a decoder)."""
+    return "layers" if index == 0 else f"layers{index + 1}"

@@ -14,10 +14,10 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
-from . import ir
-from . import syntax as S
-from .errors import printable
-from .symbolic import Poly, format_poly
+from ..elaborate import ir
+from ..elaborate.symbolic import Poly, format_poly
+from ..errors import printable
+from ..syntax import nodes as S
 
 GREEK = {"alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota",
          "kappa", "lambda", "mu", "nu", "xi", "pi", "rho", "sigma", "tau", "phi", "chi",

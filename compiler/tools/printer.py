@@ -1,12 +1,13 @@
-"""Printing the IR as text: the form the golden tests pin and `fgc ir` shows."""
+"""Printing the IR: as text (the form the golden tests pin and `fgc ir` shows) or as JSON
+(`fgc ir --format json`, `ir.Document`'s form; docs/architecture.md "The IR as JSON")."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from . import ir
-from .ir import format_type
-from .symbolic import Poly, format_poly
+from ..elaborate import ir
+from ..elaborate.ir import format_type
+from ..elaborate.symbolic import Poly, format_poly
 
 
 def _attr(v) -> str:
@@ -115,3 +116,14 @@ def _used_functions(m: ir.Model, functions: dict[str, ir.Function]) -> list[str]
     for item in m.body:
         visit(item.body if isinstance(item, ir.Loop) else [item])
     return order
+
+
+def format_json(m: ir.Model, functions: dict[str, ir.Function], indent: int | None = 1) -> str:
+    """The model and the modules it calls as one `ir.Document` in JSON; read it back with
+    `ir.Document.model_validate_json`."""
+    return ir.Document.of(m, functions).model_dump_json(indent=indent) + "\n"
+
+
+def json_schema() -> dict:
+    """The JSON schema of `format_json`'s output (`fgc ir --format json-schema`)."""
+    return ir.Document.model_json_schema()

@@ -23,11 +23,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from fractions import Fraction
 
+from ..errors import Diagnostic, FgcError, Span
+from ..syntax import nodes as S
+from ..syntax.nodes import MAX_MAGNITUDE
 from . import ir
-from . import syntax as S
-from .errors import Diagnostic, FgcError, Span
 from .ir import Ell, Eqn, Guard, Operand, TensorType, Value, format_dim
-from .parse import MAX_MAGNITUDE
 from .primitives import (
     BINARY_OPS,
     CALLABLE,
@@ -1541,26 +1541,40 @@ def _eval_number(e, env: dict, layer_var: str | None):
     return v.const_value()
 
 
-def _cond_text(e) -> str:
+_COND_PRECEDENCE = {"or": 1, "and": 2}  # then not (3), then comparisons and parities (4)
+
+
+def _cond_text(e, parent: int = 0) -> str:
+    """Source-like text of a condition, parenthesised where the grouping needs it: the
+    backends evaluate guards from this text."""
     if isinstance(e, S.BoolOp):
-        return f"{_cond_text(e.left)} {e.op} {_cond_text(e.right)}"
-    if isinstance(e, S.Not):
-        return f"not {_cond_text(e.operand)}"
-    if isinstance(e, S.Parity):
-        return f"{_show_expr(e.operand)} is {'even' if e.even else 'odd'}"
-    if isinstance(e, S.Compare):
-        return f"{_show_expr(e.left)} {e.op} {_show_expr(e.right)}"
-    return _show_expr(e)
+        prec = _COND_PRECEDENCE[e.op]
+        text = f"{_cond_text(e.left, prec)} {e.op} {_cond_text(e.right, prec + 1)}"
+    elif isinstance(e, S.Not):
+        prec, text = 3, f"not {_cond_text(e.operand, 3)}"
+    elif isinstance(e, S.Parity):
+        prec, text = 4, f"{_show_expr(e.operand)} is {'even' if e.even else 'odd'}"
+    elif isinstance(e, S.Compare):
+        prec, text = 4, f"{_show_expr(e.left)} {e.op} {_show_expr(e.right)}"
+    else:
+        return _show_expr(e)
+    return f"({text})" if prec < parent else text
+
+
+def guard_tree(text: str) -> S.Expr:
+    """A guard's condition as a syntax tree (the text was printed from one by _cond_text)."""
+    tree = _GUARD_CACHE.get(text)
+    if tree is None:
+        from ..syntax.parse import parse_text
+        f = parse_text(f"model Guard {{ g = 1 if {text} else 0 }}", "<guard>")
+        tree = f.models[0].statements[0].rhs.cond
+        _GUARD_CACHE[text] = tree
+    return tree
 
 
 def guard_holds(guard: Guard, env: dict) -> bool:
-    """Evaluate a guard's text for concrete values (the layer index among them)."""
-    tree = _GUARD_CACHE.get(guard.text)
-    if tree is None:
-        from .parse import parse_text  # the guard's text was printed from parsed source
-        f = parse_text(f"model Guard {{ g = 1 if {guard.text} else 0 }}", "<guard>")
-        tree = f.models[0].statements[0].rhs.cond
-        _GUARD_CACHE[guard.text] = tree
+    """Evaluate a guard for concrete values (the layer index among them)."""
+    tree = guard_tree(guard.text)
     value = bool(_eval_condition(tree, {k: Poly.const(v) for k, v in env.items()}, None))
     return value if guard.positive else not value
 
@@ -1661,12 +1675,12 @@ class _ModuleElaborator(_Body):
                                "subscript", p.span,
                                f"write `{_family_spelling(p.name, p.family.var)}`")
             t = t.model_copy(update={"family": self._family_size(p.family)})
-            param = ir.Param(name=key[0], type=t, span=p.span, declared=p.name)
+            param = ir.Param(name=key[0], type=t, span=p.span, declared=p.name, init=p.init)
             if key[0] in self.scope.param_families:
                 raise FgcError(f"parameter family `{p.name}` is declared twice", p.span)
             self.scope.param_families[key[0]] = param
         else:
-            param = ir.Param(name=p.name, type=t, span=p.span, declared=p.name)
+            param = ir.Param(name=p.name, type=t, span=p.span, declared=p.name, init=p.init)
             if p.name in self.scope.params:
                 raise FgcError(f"parameter `{p.name}` is declared twice", p.span)
             self.scope.params[p.name] = param

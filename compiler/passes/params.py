@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-from . import ir
-from .ir import Eqn
-from .shapes import guard_holds
-from .symbolic import Poly, format_poly
+from ..elaborate import ir
+from ..elaborate.elaborator import guard_holds
+from ..elaborate.ir import Eqn
+from ..elaborate.symbolic import Poly, format_poly
 
 
 @dataclass

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import ir
-from .errors import FgcError
+from ..elaborate import ir
+from ..elaborate.intrinsics import is_kind
+from ..elaborate.symbolic import format_poly
+from ..errors import FgcError
 from .params import as_int
-from .symbolic import format_poly
 
 # Measured on GPT-2 at a width of 8 (2 cores): the ONNX lowering takes about 0.2 ms and
 # 4 KB of memory per node or initializer, so 250,000 is under a minute and about 1 GB. The
@@ -68,7 +69,7 @@ def estimate(cfg, target: str, kv_cache: bool = False) -> Estimate:
         if fn_name not in memo:
             memo[fn_name] = (0, 0)  # cycles are impossible; this only ends the recursion
             memo[fn_name] = block(functions[fn_name].eqns)
-            if fn_name == "Attention":
+            if is_kind(functions[fn_name], "attention"):
                 memo[fn_name] = (memo[fn_name][0], memo[fn_name][1] + 1)
         return memo[fn_name]
 

@@ -32,14 +32,15 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
 
-from . import ir
-from .ir import format_type
-from .params import as_int
+from ..elaborate import ir
+from ..elaborate.elaborator import guard_holds
+from ..elaborate.ir import format_type
+from ..elaborate.primitives import PRIMITIVES
+from ..elaborate.symbolic import Poly, format_poly
+from ..passes.params import as_int
 from .printer import _attr
-from .shapes import guard_holds
-from .symbolic import Poly, format_poly
 
-COMMUTATIVE = {"add", "mul", "max", "min", "eq", "ne", "and", "or"}
+COMMUTATIVE = {name for name, p in PRIMITIVES.items() if p.commutative}
 FLATTEN = {"add", "mul"}  # associative too: a + b + c is one sum of three
 
 
@@ -100,7 +101,7 @@ def _real_defaults(side: Side) -> dict[str, Poly]:
             if side.cfg is not None:
                 v = side.cfg.values.get(h.name)
             else:
-                from .pipeline import _literal
+                from ..pipeline import _literal
                 v = _literal(h.default)
             if isinstance(v, float):
                 out[h.name] = Poly.const(Fraction(repr(v)))  # 1e-5 as exactly 1/100000
@@ -559,7 +560,7 @@ def _hyper_values(side: Side) -> dict[str, str]:
 def _rows(side: Side, counts) -> dict[str, dict]:
     """Parameter-count rows by instance (or model parameter): module, symbolic total and
     the number for the chosen configuration."""
-    from .params import per_module
+    from ..passes.params import per_module
     instances = {}
     for item in side.model.body:
         for e in (item.body if isinstance(item, ir.Loop) else [item]):
@@ -714,7 +715,7 @@ def compare(a: Side, b: Side) -> dict:
     ha, hb = a.sym.hypers, b.sym.hypers
     shared = {k: v for k, v in ha.derived.items() if hb.derived.get(k) == v}
     if shared:
-        from .shapes import Hypers
+        from ..elaborate.elaborator import Hypers
         e = Hypers(values={}, derived=shared).expand(delta)
         if e != delta:
             expanded = format_poly(e)
@@ -923,8 +924,8 @@ TINT = {"+": "green", "-": "red", "~": "yellow"}
 
 
 def format_text(r: dict, color: bool = False) -> str:
-    from .symbolic import human
-    from .table import paint, table
+    from ..elaborate.symbolic import human
+    from ..table import paint, table
 
     def mark(change: str) -> str:
         s = SIGN[change]

@@ -1,0 +1,74 @@
+"""Standard-library modules the backends fuse, declared once.
+
+A module of `compiler/stdlib/stdlib.fgpt` is an intrinsic when a backend may replace its
+equations by one fused operation (scaled dot-product attention, LayerNormalization, a
+mask passed as `is_causal`). Its equations stay its meaning: they are what `fgc check`
+elaborates, what `fgc params` counts, and what a backend lowers when it has no fused form.
+A spec that defines a module of the same name replaces it, and the replacement is never an
+intrinsic (`ir.Function.builtin` is false).
+
+Every backend keys its fused forms by `Intrinsic.kind` (masks by `Intrinsic.mask`), and
+`tests/test_intrinsics.py` checks that each kind has an entry in every backend's table: adding
+an intrinsic is one row here plus one entry per table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import ir
+
+# what a mask module means; its equations say the same at full length
+NO_MASK = "none"  # every position sees every position (all zeros)
+CAUSAL = "causal"  # position i sees j <= i
+STRICT_CAUSAL = "strict_causal"  # position i sees j < i
+WINDOW = "window"  # position i sees the w positions i-w+1 .. i
+CAUSAL_KINDS = frozenset({CAUSAL, STRICT_CAUSAL, WINDOW})  # no position sees a later one
+
+
+@dataclass(frozen=True)
+class Intrinsic:
+    name: str  # the standard-library module
+    kind: str  # attention | mask | layer_norm | softmax | gelu | onehot | concat
+    mask: str | None = None  # masks: one of NO_MASK, CAUSAL, STRICT_CAUSAL, WINDOW
+    approximate: str | None = None  # gelu: tanh | none (erf)
+    params: tuple[str, ...] = ()  # the parameters the fused form reads, by name
+    mask_input: str | None = None  # the input that takes a mask (attention)
+    positionwise: bool = False  # acts on each position alone (the incremental analysis)
+
+
+INTRINSICS: dict[str, Intrinsic] = {i.name: i for i in (
+    Intrinsic("Attention", "attention", mask_input="Mask"),
+    Intrinsic("Mask^BD", "mask", mask=NO_MASK),
+    Intrinsic("Mask^AR", "mask", mask=CAUSAL),
+    Intrinsic("Mask^AR_next", "mask", mask=CAUSAL),
+    Intrinsic("Mask^AR_curr", "mask", mask=STRICT_CAUSAL),
+    Intrinsic("Mask^ST", "mask", mask=WINDOW),
+    Intrinsic("LN", "layer_norm", params=("gamma", "beta")),
+    Intrinsic("Softmax", "softmax"),
+    Intrinsic("GELU^tanh", "gelu", approximate="tanh"),
+    Intrinsic("GELU^erf", "gelu", approximate="none"),
+    Intrinsic("OneHot", "onehot", positionwise=True),
+    Intrinsic("Concat", "concat"),
+)}
+
+KINDS = frozenset(i.kind for i in INTRINSICS.values())
+MASKS = frozenset(i.mask for i in INTRINSICS.values() if i.mask is not None)
+
+
+def intrinsic(fn: ir.Function | None) -> Intrinsic | None:
+    """The intrinsic a module is, or None (a spec's own module, or a plain stdlib one)."""
+    if fn is None or not fn.builtin:
+        return None
+    return INTRINSICS.get(fn.name)
+
+
+def mask_kind(fn: ir.Function | None) -> str | None:
+    """What a mask module means (NO_MASK, CAUSAL, ...), or None for anything else."""
+    i = intrinsic(fn)
+    return i.mask if i is not None else None
+
+
+def is_kind(fn: ir.Function | None, kind: str) -> bool:
+    i = intrinsic(fn)
+    return i is not None and i.kind == kind
