@@ -62,17 +62,18 @@ def onednn(x, w):
 
 def fastest(x, w):
     """The faster kernel for x @ w, and the product: the two alternate, each keeping its
-    best of 3 calls (fewer when a round takes over 50 ms: a slow product needs no more)."""
+    best time, for up to 5 rounds while they take under 0.1 s in all; at least 2 (a
+    kernel's first call at a shape pays one-time set-up) unless the first took over 0.5 s."""
     from time import perf_counter  # here: model.py imports torch and math only
 
     kernels, best = (onednn, torch.matmul), [math.inf, math.inf]
-    for _ in range(3):
-        start = perf_counter()
+    start = perf_counter()
+    for rounds in range(1, 6):
         for k, kernel in enumerate(kernels):
             t0 = perf_counter()
             out = kernel(x, w)
             best[k] = min(best[k], perf_counter() - t0)
-        if perf_counter() - start > 0.05:
+        if perf_counter() - start > (0.1 if rounds > 1 else 0.5):
             break
     return kernels[best.index(min(best))], out
 
