@@ -13,7 +13,7 @@ from __future__ import annotations
 from ..elaborate import ir
 from ..elaborate.ir import Eqn, Loop
 from ..elaborate.symbolic import Poly
-from ..errors import Diagnostic, FgcError
+from ..errors import Diagnostic
 
 # operations the lowering introduces; each backend's op table has an entry for each
 LOWERED_OPS = {
@@ -29,7 +29,7 @@ def prepare(model: ir.Model, functions: dict[str, ir.Function]
     funcs = {name: fn.model_copy(update={"eqns": _rewrite(fn.eqns)})
              for name, fn in functions.items()}
     body = [item.model_copy(update={"body": _rewrite(item.body)}) if isinstance(item, Loop)
-            else item for item in _rewrite_items(model.body)]
+            else _members(item) or item for item in model.body]
     return model.model_copy(update={"body": body}), funcs
 
 
@@ -46,23 +46,7 @@ def check(model: ir.Model, functions: dict[str, ir.Function]) -> list[Diagnostic
     return errors
 
 
-def check_or_raise(model: ir.Model, functions: dict[str, ir.Function]) -> None:
-    errors = check(model, functions)
-    if errors:
-        raise FgcError(errors)
-
-
 # ---------------------------------------------------------------- members
-
-
-def _rewrite_items(items: list) -> list:
-    out = []
-    for item in items:
-        if isinstance(item, Loop):
-            out.append(item)
-        else:
-            out.extend(_rewrite([item]))
-    return out
 
 
 def _rewrite(eqns: list[Eqn]) -> list[Eqn]:
