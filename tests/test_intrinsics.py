@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from compiler.elaborate.intrinsics import INTRINSICS, KINDS, MASKS, intrinsic
+from compiler.elaborate.intrinsics import BY_MEANING, INTRINSICS, KINDS, MASKS, intrinsic
 from compiler.pipeline import _stdlib, load
 
 
@@ -34,6 +34,8 @@ def test_every_backend_table_has_every_kind(table):
         FUSED_MASKS = lower.FUSED_MASKS
     assert set(FUSED) == set(KINDS)
     assert set(FUSED_MASKS) == set(MASKS)
+    # what every backend passes by meaning, and only that, has a fused form
+    assert {kind for kind, lower in FUSED_MASKS.items() if lower is not None} == BY_MEANING
 
 
 def test_every_primitive_and_lowered_op_has_an_entry_in_both_backends():

@@ -111,10 +111,6 @@ def _size_in(v: Any) -> Poly:
     raise ValueError(f"a size is written as text such as \"H/A\", not {v!r}")
 
 
-def _size_out(p: Poly) -> str:
-    return format_poly(p)
-
-
 def _dim_in(v: Any) -> Poly | Ell:
     if isinstance(v, Ell):
         return v
@@ -161,7 +157,7 @@ def _member_out(m: Poly | str) -> str | dict:
     return m if isinstance(m, str) else {"size": format_poly(m)}
 
 
-Size = Annotated[Poly, InJSON(_size_out, _size_in, _SIZE_SCHEMA)]
+Size = Annotated[Poly, InJSON(format_poly, _size_in, _SIZE_SCHEMA)]
 Dimension = Annotated[Dim, InJSON(_dim_out, _dim_in, {"anyOf": [_SIZE_SCHEMA, _ELL_SCHEMA]})]
 # a size where the spec has an exact one, else a real number (`eps = 1e-5`, `-inf`)
 Scalar = Annotated[Poly | float, InJSON(_scalar_out, _scalar_in,

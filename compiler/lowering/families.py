@@ -68,7 +68,7 @@ def _members(e: Eqn) -> Eqn | None:
         return None
     axis = kinds.index("at")
     t = e.outs[0].type
-    return Eqn(outs=e.outs, op="members", ins=[base], attrs={"axis": axis, "size": size},
+    return Eqn(outs=e.outs, op="members", ins=[base], attrs={"axis": axis},
                family=e.family, guards=e.guards, span=e.span) if t.family is None else None
 
 

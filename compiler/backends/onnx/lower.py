@@ -30,6 +30,7 @@ import numpy as np
 from ...elaborate import ir
 from ...elaborate.elaborator import guard_holds
 from ...elaborate.intrinsics import (
+    BY_MEANING,
     CAUSAL,
     NO_MASK,
     STRICT_CAUSAL,
@@ -783,7 +784,7 @@ class Lowerer:
                     s = next(iter(d.symbols()))
                     env.setdefault(s, actual)
                     penv.setdefault(s, actual)
-        table = self.inc is not None and not fn.inputs and mask_kind(fn) not in LAZY_MASKS and any(
+        table = self.inc is not None and not fn.inputs and mask_kind(fn) not in BY_MEANING and any(
             isinstance(x, Poly) and not self.from_past(x).is_const() for x in env.values())
         if table:  # positions or a banded mask: made for past + T rows, read from row past
             for name in bindings:
@@ -1471,7 +1472,6 @@ FUSED = {
 }
 FUSED_MASKS = {CAUSAL: _lazy_mask("causal"), NO_MASK: _lazy_mask("nomask"),
                STRICT_CAUSAL: None, WINDOW: None}
-LAZY_MASKS = {kind for kind, lower in FUSED_MASKS.items() if lower is not None}
 # --optimize ort: onnxruntime's contrib operators where they differ (attention and
 # LayerNormalization fuse with the Add before them inside their entries)
 FUSED_ORT = {**FUSED, "gelu": _ort_gelu}

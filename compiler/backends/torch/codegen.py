@@ -24,6 +24,7 @@ import jinja2
 
 from ...elaborate import ir
 from ...elaborate.intrinsics import (
+    BY_MEANING,
     CAUSAL,
     NO_MASK,
     STRICT_CAUSAL,
@@ -1234,9 +1235,9 @@ FUSED = {
     "concat": None,  # the family axis flattened into the last (see Generator.lower_call)
     "mask": None,  # by what the mask means, below
 }
-# masks returned as CAUSAL / None, which attention runs as is_causal / without a mask
+# the masks passed by meaning (intrinsics.BY_MEANING) return CAUSAL / None, which
+# attention runs as is_causal / without a mask
 FUSED_MASKS = {CAUSAL: _causal, NO_MASK: _no_mask, STRICT_CAUSAL: None, WINDOW: None}
-SENTINEL_MASKS = {kind for kind, body in FUSED_MASKS.items() if body is not None}
 
 
 def fused_forward(fn: ir.Function):
@@ -1635,7 +1636,7 @@ class Generator:
         mask) in an incremental model, the axis of its rows: it is made for start + T
         positions and read from row start. None for anything else; Mask^AR stays CAUSAL,
         which attention aligns to the keys."""
-        if fn.inputs or self.incremental is None or mask_kind(fn) in SENTINEL_MASKS:
+        if fn.inputs or self.incremental is None or mask_kind(fn) in BY_MEANING:
             return None
         axis = next((k for k, d in enumerate(e.outs[0].type.shape) if self.by_position(d)),
                     None)
@@ -1681,7 +1682,7 @@ class Generator:
         """`mask_tensor(...)` around a value that may be CAUSAL or None at run time."""
         p = v.producer
         from_mask = p is not None and p.op == "call" and \
-            mask_kind(self.functions[p.attrs["module"]]) in SENTINEL_MASKS
+            mask_kind(self.functions[p.attrs["module"]]) in BY_MEANING
         square = len(t.shape) == 2 and not any(isinstance(d, Ell) for d in t.shape) \
             and t.dtype == "real" and t.shape[0] == t.shape[1]
         if not square:
