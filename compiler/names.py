@@ -3,7 +3,7 @@
 Python identifiers for spec names are safe by construction, stable and collision-free. The
 rule, applied here and nowhere else: `ident` spells a spec name as an identifier (`W^Q` ->
 `W_Q`), and one that model.py already owns takes a `_` suffix (`forward` -> `forward_`,
-`per_member` -> `per_member_`, `class` -> `class_`; `class_`, written in a spec, takes one
+`causal_mask` -> `causal_mask_`, `class` -> `class_`; `class_`, written in a spec, takes one
 more, so two names never meet: see `unreserved`). Class names follow the same rule after
 their first letter is capitalised. What model.py owns, RESERVED, is derived rather than
 listed wherever a source exists:
@@ -62,10 +62,12 @@ NN_MODULE = {
 }
 
 # what the generated methods bind: locals (the batch and run length, the device, the layer
-# loop's `layer`, step()'s `past` and its sites) and attributes and methods of the classes
+# loop's `layer`, step()'s `past` and its sites, the `config` the model and its layers are
+# built from) and attributes and methods of the classes
 GENERATED = {
     "self", "B", "T", "device", "dtype", "l", "layer", "start", "past", "sites", "site", "kv",
     "logits", "step", "cache_sites", "cache", "signature", "reset_parameters", "layers",
+    "config",
 }
 # unittest's deprecated aliases: ruff (UP005) rewrites a call `self.assert_(...)`, so a
 # submodule may not be called so
@@ -147,6 +149,14 @@ def unreserved(text: str) -> str:
     # one past the most underscores a reserved name of this base has
     shift = 1 + max(k for k in range(8) if reserved(base + "_" * k))
     return text + "_" * shift
+
+
+def value_name(module: str) -> str:
+    """A local named after a module's result, before `ident`: `RoundFactor` -> `round_factor`,
+    `Mask^AR` -> `mask_ar`, `LSHKey` -> `lsh_key`, `diag` -> `diag`."""
+    text = spell(module)
+    text = re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", text)
+    return text.lower()
 
 
 def class_name(module: str) -> str:

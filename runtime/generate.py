@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .segments import run_segments
+from .segments import read_signature, run_segments
 from .session import Model, RuntimeError_
 
 
@@ -160,18 +160,20 @@ def _runner(model, cache: bool):
 class _OnnxRunner:
     def __init__(self, model: Model, cache: bool):
         self.model = model
-        inc = model.incremental
+        sig = model.signature
+        inc = sig.incremental
         self.cached = bool(inc) and cache
         self.inc = inc
-        names = [i["name"] for i in model.inputs]
-        self.tokens = inc["tokens"] if inc else _token_input(model.inputs)
+        names = [i["name"] for i in sig.inputs]
+        self.tokens = inc["tokens"] if inc else _token_input(sig.inputs)
         self.others = [n for n in names if n != self.tokens]
-        spec = next(i for i in model.inputs if i["name"] == self.tokens)
+        spec = sig.input(self.tokens)
         self.vocabulary = spec["hi"] - spec["lo"] + 1
         axis = spec["dims"][1]
-        self.max_length = model.max_length.get(axis)
+        self.max_length = sig.max_length.get(axis)
         outs = model.outputs
-        self.logits_name = "logits" if "logits" in outs else None
+        self.logits_name = sig.logits["name"] if sig.logits else \
+            "logits" if "logits" in outs else None  # a graph fgc did not write
         if self.logits_name is None:
             raise RuntimeError_("the model has no `logits` output to pick tokens from")
         self.past: dict = {}
@@ -221,21 +223,19 @@ class _TorchRunner:
         import torch
         self.torch = torch
         self.module = module
-        sig = module.signature() if callable(getattr(module, "signature", None)) else None
-        inc = (sig or {}).get("incremental")
+        sig = read_signature(module)
+        inc = sig.incremental if sig else None
         self.cached = bool(inc) and cache and callable(getattr(module, "step", None))
         if not callable(getattr(module, "logits", None)):
             raise RuntimeError_("the module has no logits(): its output is not a softmax "
                                 "over the vocabulary")
-        inputs = sig["inputs"] if sig else [{"name": "x", "dims": ["batch", "T"]}]
+        inputs = sig.inputs if sig else [{"name": "x", "dims": ["batch", "T"]}]
         self.order = [i["name"] for i in inputs]
-        self.tokens = inc["tokens"] if inc else self.order[-1]
+        self.tokens = inc["tokens"] if inc else _token_input(inputs) if sig else "x"
         self.others = [n for n in self.order if n != self.tokens]
-        length = inc["length"] if inc else None
-        self.max_length = (sig or {}).get("max_length", {}).get(length) if length else None
-        outs = (sig or {}).get("outputs", [])
-        last = outs[0]["dims"][-1] if outs and outs[0]["dims"] else None
-        self.vocabulary = last if isinstance(last, int) else None
+        spec = next(i for i in inputs if i["name"] == self.tokens)
+        self.max_length = sig.max_length.get(spec["dims"][1]) if sig else None
+        self.vocabulary = spec["hi"] - spec["lo"] + 1 if "hi" in spec else None
         first = next(module.parameters(), None)
         self.device = first.device if first is not None else None
         self.past = None
@@ -265,10 +265,8 @@ class _TorchRunner:
 
 def _state_of(model) -> dict:
     """{state output: input} of a model that returns its next input (`Mem'`), or {}."""
-    if isinstance(model, Model):
-        return dict(model.state)
-    sig = getattr(model, "signature", None)
-    return dict(sig().get("state", {})) if callable(sig) else {}
+    sig = read_signature(model)
+    return dict(sig.state) if sig else {}
 
 
 class _StateRunner:
@@ -281,12 +279,9 @@ class _StateRunner:
         self.model = model
         self.cached = cache
         self.onnx = isinstance(model, Model)
-        if self.onnx:
-            io = {"inputs": model.inputs, "outputs": model.output_specs}
-        else:
-            io = model.signature()
-        state = _state_of(model)
-        inputs = [i for i in io["inputs"] if i["name"] not in state.values()]
+        sig = read_signature(model)
+        state = sig.state
+        inputs = [i for i in sig.inputs if i["name"] not in state.values()]
         if len(inputs) != 1:
             raise RuntimeError_("generation with a state takes a model with one input "
                                 "besides its state")
@@ -294,9 +289,10 @@ class _StateRunner:
         self.others: list[str] = []  # nothing but the tokens and the state
         self.vocabulary = inputs[0].get("hi", 0) - inputs[0].get("lo", 0) + 1 \
             if "hi" in inputs[0] else None
-        outs = [o["name"] for o in io["outputs"] if o["name"] not in state]
-        self.scores = "logits" if "logits" in outs else outs[0]
-        self.log = self.scores != "logits"
+        outs = [o["name"] for o in sig.outputs if o["name"] not in state]
+        # the logits where the graph gives them (the torch module's forward does not)
+        self.scores = sig.logits["name"] if sig.logits and self.onnx else outs[0]
+        self.log = self.scores != (sig.logits or {}).get("name")
         self.max_length = None  # the memory carries the context: no limit on positions
         self.state = None
         self.prefix = None

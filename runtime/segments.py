@@ -18,6 +18,16 @@ emitted (its `signature()` describes it) with torch tensors; torch is imported o
 from __future__ import annotations
 
 from .session import Model, RuntimeError_
+from .signature import Signature, SignatureError, of
+
+
+def read_signature(model) -> Signature | None:
+    """The signature of a runtime.Model or of a PyTorch module fgc emitted (runtime/
+    signature.py reads both), None for anything else; RuntimeError_ if it is malformed."""
+    try:
+        return of(model)
+    except SignatureError as e:
+        raise RuntimeError_(f"the model's signature: {e}") from None
 
 
 def run_segments(model, inputs: dict, segment: int | None = None,
@@ -26,26 +36,24 @@ def run_segments(model, inputs: dict, segment: int | None = None,
     at a time (default: the most the model takes), starting from `state` (default: empty).
     Returns the outputs, each segment's concatenated along axis 1 where that axis is the
     segment's (the last segment's value otherwise), and the state after the last segment."""
+    sig = read_signature(model)
+    if sig is None:
+        raise RuntimeError_("run_segments takes a runtime.Model (ONNX) or a PyTorch module "
+                            "fgc compiled from a spec with a state output (`Mem'`)")
     if isinstance(model, Model):
-        io = {"inputs": model.inputs, "outputs": model.output_specs, "state": model.state,
-              "max_length": model.max_length}
         call, lib = model.run, _Numpy()
-    elif callable(getattr(model, "signature", None)):
-        io = model.signature()
+    else:
         lib = _Torch(model)
 
         def call(feeds: dict) -> dict:
-            values = model(*(feeds[i["name"]] for i in io["inputs"]))
+            values = model(*(feeds[i["name"]] for i in sig.inputs))
             values = values if isinstance(values, tuple) else (values,)
-            return dict(zip((o["name"] for o in io["outputs"]), values))
-    else:
-        raise RuntimeError_("run_segments takes a runtime.Model (ONNX) or a PyTorch module "
-                            "fgc compiled from a spec with a state output (`Mem'`)")
-    targets = set(io["state"].values())
+            return dict(zip((o["name"] for o in sig.outputs), values))
+    targets = set(sig.state.values())
     if not targets:
         raise RuntimeError_("the model has no state output: no output is named after an "
                             "input with a prime (`Mem'` for `Mem`)")
-    specs = {i["name"]: i for i in io["inputs"]}
+    specs = {i["name"]: i for i in sig.inputs}
     sequence = [name for name in specs if name not in targets]
     missing = [name for name in sequence if name not in inputs]
     if missing:
@@ -56,7 +64,7 @@ def run_segments(model, inputs: dict, segment: int | None = None,
         raise RuntimeError_("run_segments cuts inputs that share one sequence axis (axis 1); "
                             f"this model's are {sorted(map(str, axes))}")
     axis = next(iter(axes))
-    segment = segment or io["max_length"].get(axis)
+    segment = segment or sig.max_length.get(axis)
     total = int(inputs[sequence[0]].shape[1])
     batch = int(inputs[sequence[0]].shape[0])
     if not segment or segment < 1:
@@ -70,13 +78,15 @@ def run_segments(model, inputs: dict, segment: int | None = None,
         feeds = {name: inputs[name][:, start:start + segment] for name in sequence}
         feeds.update(state)
         out = call(feeds)
-        state = {target: out[name] for name, target in io["state"].items()}
+        state = {target: out[name] for name, target in sig.state.items()}
         for name, value in out.items():
-            if name not in io["state"]:
+            if name not in sig.state:
                 pieces.setdefault(name, []).append(value)
                 last[name] = value
     outputs = {}
-    dims = {o["name"]: o["dims"] for o in io["outputs"]}
+    dims = {o["name"]: o["dims"] for o in sig.outputs}
+    if sig.logits is not None:  # the logits are along the positions of what they give
+        dims[sig.logits["name"]] = dims.get(sig.logits["of"], [])
     for name, values in pieces.items():
         along = dims.get(name, [])
         outputs[name] = lib.cat(values) if len(along) > 1 and along[1] == axis else last[name]

@@ -35,6 +35,7 @@ import numpy as np
 from runtime.files import atomic_write, cache_home, open_regular, private_dir, read_entry
 from runtime.progress import Ticker, human_size
 from runtime.protoscan import ModelSummary, WireError, scan
+from runtime.signature import Signature, SignatureError, from_metadata
 
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
@@ -150,13 +151,11 @@ class Model:
         summary = check_model_file(path)
         self.meta = summary.metadata
         self.outputs = summary.outputs
-        self.output_specs = json.loads(self.meta.get("fgc.outputs", "[]")) or [
-            {"name": name, "dims": []} for name in self.outputs]
-        self.max_length = json.loads(self.meta.get("fgc.max_length", "{}"))
-        # outputs that are the next call's inputs (`Mem'` -> `Mem`): state, empty at first
-        self.state = json.loads(self.meta.get("fgc.state", "{}"))
-        # the incremental form (--kv-cache): the token input, its cache tensors' names and dims
-        self.incremental = json.loads(self.meta.get("fgc.incremental", "null"))
+        # the signature (runtime/signature.py): None for a graph fgc did not write
+        try:
+            sig = from_metadata(self.meta)
+        except SignatureError as e:
+            raise RuntimeError_(f"{path}: its metadata `fgc.signature`: {e}") from None
         providers, self.reason = choose_providers(provider)
         self.notes: list[str] = []
         opts = ort.SessionOptions()
@@ -189,8 +188,16 @@ class Model:
                 print(f"fgc: cached onnxruntime's optimised graph of {path} for "
                       f"{providers[0]} in {written[0]} ({human_size(written[1])}; `fgc cache "
                       "clear` removes it)", file=sys.stderr)
-        self.inputs = json.loads(self.meta.get("fgc.inputs", "[]")) or [
-            _io_of(v) for v in self.session.get_inputs()]
+        self.signature = sig or Signature([_io_of(v) for v in self.session.get_inputs()],
+                                          [{"name": name, "dtype": "real", "dims": []}
+                                           for name in self.outputs])
+        self.inputs = self.signature.inputs
+        self.output_specs = self.signature.outputs
+        self.max_length = self.signature.max_length
+        # outputs that are the next call's inputs (`Mem'` -> `Mem`): state, empty at first
+        self.state = self.signature.state
+        # the incremental form (--kv-cache): the token input, its cache tensors' names and dims
+        self.incremental = self.signature.incremental
         self.provider = self.session.get_providers()[0]
         if self.provider != providers[0]:
             self.reason = f"{providers[0]} did not start; falling back to {self.provider}"
@@ -302,6 +309,7 @@ class Model:
         prompt, no positions before it), each with the dims the graph declares and one
         past length, which with this call's tokens stays within the model's maximum."""
         cache = self.incremental["cache"]
+        axis = self.incremental["past"]  # the positions the cache holds
         given = [c["past"] for c in cache if c["past"] in feeds]
         if given and len(given) < len(cache):
             missing = [c["past"] for c in cache if c["past"] not in feeds]
@@ -312,15 +320,15 @@ class Model:
         for c in cache:
             dims = c["dims"]
             if not given:
-                out[c["past"]] = np.zeros([(batch or 1) if d == "batch" else 0 if d == "past"
+                out[c["past"]] = np.zeros([(batch or 1) if d == "batch" else 0 if d == axis
                                            else d for d in dims], np.float32)
                 continue
             x = np.asarray(feeds[c["past"]])
             ok = x.ndim == len(dims) and all(
-                d in ("batch", "past") or got == d for got, d in zip(x.shape, dims))
+                d in ("batch", axis) or got == d for got, d in zip(x.shape, dims))
             if ok and batch is not None:
                 ok = x.shape[dims.index("batch")] == batch
-            here = x.shape[dims.index("past")] if ok else None
+            here = x.shape[dims.index(axis)] if ok else None
             if not ok or (past is not None and here != past):
                 raise RuntimeError_(f"input {c['past']} has shape {list(x.shape)}; it takes "
                                     f"{_dims_text(dims)} with the batch of the tokens and "

@@ -75,11 +75,12 @@ def test_reformer_sketch_compiles_to_pytorch_and_runs(tmp_path):
     spec.loader.exec_module(module)
     model = module.build().eval()
     assert "T_D" not in (tmp_path / "t" / "model.py").read_text()
-    x = torch.randint(0, module.V, (2, 6))
-    rot = torch.randn(2, module.N, module.D, module.k)
+    config = model.config  # the sizes it was built with (model.py's Config)
+    x = torch.randint(0, config.V, (2, 6))
+    rot = torch.randn(2, config.N, config.D, config.k)
     with torch.no_grad():
         probs = model(x, rot)
-    assert probs.shape == (2, 6, module.V)
+    assert probs.shape == (2, 6, config.V)
     assert torch.allclose(probs.sum(-1), torch.ones(2, 6))
     total = load(str(path)).configure(None, {}).total
     assert sum(p.numel() for p in model.parameters()) == total

@@ -26,6 +26,7 @@ from compiler.pipeline import load
 from compiler.weights import parameter_keys
 from runtime import RuntimeError_, Sampler, generate
 from runtime import load as load_onnx
+from runtime.segments import read_signature
 
 torch = pytest.importorskip("torch")
 
@@ -165,9 +166,15 @@ model KV {
 """)
     compile_spec(str(spec), str(tmp_path / "t"), "torch")
     compile_spec(str(spec), str(tmp_path / "o"), "onnx", kv_cache=True)
-    sig = _import(tmp_path / "t" / "model.py", "kv").build().signature()
-    assert sig["incremental"]["cache"] == [{"layers": 2, "key": ["batch", 3, "past", 5],
-                                            "value": ["batch", 3, "past", 7]}]
+    module = _import(tmp_path / "t" / "model.py", "kv").build()
+    assert module.signature()["incremental"]["cache"] == [  # one entry per site and kind
+        {"past": f"past.{{l}}.{kind}", "present": f"present.{{l}}.{kind}", "kind": kind,
+         "block": 1, "layers": 2, "dims": ["batch", 3, "past", 5 if kind == "key" else 7]}
+        for kind in ("key", "value")]
+    assert read_signature(module).incremental["cache"] == [  # expanded: one per tensor
+        {"past": f"past.{k}.{kind}", "present": f"present.{k}.{kind}", "layer": k + 1,
+         "kind": kind, "dims": ["batch", 3, "past", 5 if kind == "key" else 7]}
+        for k in range(2) for kind in ("key", "value")]
     m = load_onnx(tmp_path / "o", provider="cpu")
     dims = {i.name: i.shape for i in m.session.get_inputs()}
     assert dims["past.1.key"] == ["batch", 3, "past", 5]
@@ -316,6 +323,31 @@ def test_stop_ids_and_max_length(built):
         generate(model, prompt, 30)
     with pytest.raises(RuntimeError_, match="0..36"):
         generate(model, [[1, 99]], 3)
+
+
+def test_generate_with_a_module_built_at_other_sizes(built):
+    """build(L=3, n=40) of GPT-2's model.py compiled at n = 24: its signature() holds its
+    own context and cache (3 layers), which generate reads: past the compiled 24 positions,
+    the cache as the prefix recomputed and as the ONNX graph compiled at those sizes, and
+    refused past its own 40."""
+    path, sets = CASES["gpt2"]
+    sizes = {"L": 3, "n": 40}
+    model = _import(built["gpt2"]["dir"] / "torch" / "model.py", "gpt2_other").build(**sizes)
+    model = model.eval()
+    torch.manual_seed(7)
+    peaked_weights(model, norm_gain="gamma")
+    sig = read_signature(model)
+    assert sig.max_length == {"T": 40}
+    assert len(sig.incremental["cache"]) == 2 * len(model.cache_sites()) == 6
+    prompt = [[1, 2, 3], [4, 5, 6]]
+    ref = generate(model, prompt, 37, cache=False)
+    assert generate(model, prompt, 37) == ref
+    onnx_model = _onnx_with(model, path, {**sets, **sizes}, built["gpt2"]["dir"] / "other",
+                            kv_cache=True)
+    assert generate(onnx_model, prompt, 37) == ref
+    assert len({tuple(row) for row in ref}) > 1 or len(set(ref[0])) > 1  # not one id
+    with pytest.raises(RuntimeError_, match="exceed the model's 40 positions"):
+        generate(model, prompt, 38)
 
 
 # ---------------------------------------------------------------- against transformers

@@ -3,6 +3,10 @@
 tests/golden/ir/*.txt         `fgc ir` of specs/formal/gpt.fgpt and tests/golden/specs/*.fgpt
 tests/golden/errors/X.fgpt    a small spec with one typical mistake
 tests/golden/errors/X.out     what `fgc check tests/golden/errors/X.fgpt` prints, and its exit code
+tests/golden/torch/*.py       the model.py `fgc compile --target torch` writes for released specs
+                              (tests/test_torch_backend.py keeps gpt2_formal_tiny.py)
+tests/golden/onnx/*.txt       the nodes of the graph `fgc compile --target onnx` writes, one a
+                              line: op type, node name, doc string (tab-separated)
 
 Goldens change only on purpose: `pytest tests/test_golden.py --update-golden` rewrites them from
 fgc's current output; review the diff before committing it. fgc runs from the repository root
@@ -123,3 +127,54 @@ def test_error_golden_says_what_matters(stem, needle):
     text, code, out, err = render_check(GOLDEN / "errors" / f"{stem}.fgpt")
     assert code == 1
     assert needle in err, err
+
+
+# ---------------------------------------------------------------- (c) emitted model.py
+
+# name -> fgc compile arguments: released specs at a released preset (model.py's text does
+# not grow with the sizes, which are Config's defaults)
+TORCH_CASES = {
+    "gpt2_small": ["specs/gpt2.fgpt", "--preset", "small"],
+    "bert_base": ["specs/bert.fgpt", "--preset", "base"],
+    "transformer_base": ["specs/transformer.fgpt", "--preset", "base"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(TORCH_CASES))
+def test_torch_golden(name, tmp_path, update_golden):
+    out = tmp_path / "out"
+    r = fgc("compile", *TORCH_CASES[name], "--target", "torch", "-o", str(out), timeout=TIMEOUT)
+    assert r.returncode == 0, r.stderr
+    text = (out / "model.py").read_text(encoding="utf-8")
+    assert str(ROOT) not in text and str(tmp_path) not in text, "model.py names a path"
+    compare_or_update(GOLDEN / "torch" / f"{name}.py", text, update_golden)
+
+
+# ---------------------------------------------------------------- (d) ONNX nodes
+
+# name -> fgc compile arguments, at sizes small enough to write the graph quickly (the node
+# list does not depend on the widths; it grows with the layers)
+ONNX_CASES = {
+    "gpt2_tiny": ["specs/gpt2.fgpt", *[a for kv in ("L=2", "H=16", "A=2", "V=50", "n=8")
+                                         for a in ("--set", kv)]],
+    "transformer_defaults": ["specs/transformer.fgpt"],  # the encoder-decoder, 2 + 2 layers
+}
+
+
+def onnx_nodes(path: Path) -> str:
+    """The graph's nodes, one a line: op type, name and doc string, tab-separated (a line
+    break inside a doc string written as `\\n`)."""
+    onnx = pytest.importorskip("onnx")
+    graph = onnx.load(str(path), load_external_data=False).graph
+    return "".join("\t".join((n.op_type, n.name, n.doc_string)).replace("\n", "\\n") + "\n"
+                   for n in graph.node)
+
+
+@pytest.mark.parametrize("name", sorted(ONNX_CASES))
+def test_onnx_nodes_golden(name, tmp_path, update_golden):
+    out = tmp_path / "out"
+    r = fgc("compile", *ONNX_CASES[name], "--target", "onnx", "-o", str(out), timeout=TIMEOUT)
+    assert r.returncode == 0, r.stderr
+    text = onnx_nodes(out / "model.onnx")
+    assert text and str(ROOT) not in text and str(tmp_path) not in text
+    compare_or_update(GOLDEN / "onnx" / f"{name}.txt", text, update_golden)

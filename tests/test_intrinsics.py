@@ -27,15 +27,29 @@ def test_a_module_a_spec_defines_is_never_an_intrinsic(tmp_path):
 @pytest.mark.parametrize("table", ["torch", "onnx", "onnx --optimize ort"])
 def test_every_backend_table_has_every_kind(table):
     if table == "torch":
-        from compiler.backends.torch.codegen import FUSED, FUSED_MASKS
+        from compiler.backends.torch.codegen import FUSED
     else:
         from compiler.backends.onnx import lower
         FUSED = lower.FUSED_ORT if table.endswith("ort") else lower.FUSED
-        FUSED_MASKS = lower.FUSED_MASKS
     assert set(FUSED) == set(KINDS)
-    assert set(FUSED_MASKS) == set(MASKS)
-    # what every backend passes by meaning, and only that, has a fused form
-    assert {kind for kind, lower in FUSED_MASKS.items() if lower is not None} == BY_MEANING
+
+
+def test_the_masks_passed_by_meaning_are_the_ones_the_lowering_reads():
+    from compiler.elaborate import ir
+    from compiler.lowering.masks import MaskKind, mask_of_call
+    functions = {name: ir.Function(name=name, hypers=[], inputs=[], params=[], eqns=[],
+                                   outputs=[], builtin=True) for name in INTRINSICS}
+    read = set()
+    for name, i in INTRINSICS.items():
+        if i.kind != "mask":
+            continue
+        call = ir.Eqn(outs=[], op="call", ins=[], attrs={"module": name})
+        kind = mask_of_call(call, functions)
+        if kind is not None:
+            read.add(i.mask)
+            assert kind == MaskKind(i.mask == "causal", False)
+    assert read == BY_MEANING
+    assert BY_MEANING <= MASKS
 
 
 def test_every_primitive_and_lowered_op_has_an_entry_in_both_backends():

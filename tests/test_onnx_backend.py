@@ -141,7 +141,7 @@ def test_names_trace_to_the_spec(compiled):
     assert [n.name for n in attention] == ["layer1/attn/Attention", "layer2/attn/Attention"]
     assert all(a.i == 1 for n in attention for a in n.attribute if a.name == "is_causal")
     meta = {p.key: p.value for p in model.metadata_props}
-    assert json.loads(meta["fgc.max_length"]) == {"T": 8}
+    assert json.loads(meta["fgc.signature"])["max_length"] == {"T": 8}
 
 
 def test_opset_18_has_no_attention_op(compiled):

@@ -1,7 +1,7 @@
 """Spec names that model.py already owns (issue 16, item 8).
 
 A spec may give a thing a name that Python, torch or the generated file itself already uses:
-`class`, `len`, `torch`, `per_member`, `forward`, `state_dict`, `set_submodule`... `fgc check`
+`class`, `len`, `torch`, `causal_mask`, `forward`, `state_dict`, `set_submodule`... `fgc check`
 accepts them, so the backends must too: the torch backend renames them (one rule, in
 compiler/names.py) while the checkpoint names stay the spec's own, and the
 ONNX graph keeps every value's name distinct.
@@ -46,6 +46,7 @@ from compiler.names import (
     layers_attr,
     reserved,
     template_names,
+    value_name,
 )
 from compiler.pipeline import load
 from compiler.weights import parameter_keys
@@ -103,8 +104,9 @@ def test_reserved_covers_nn_module():
 
 def test_reserved_covers_python_and_the_template():
     template = template_names(TEMPLATE.read_text(encoding="utf-8"))
-    assert {"torch", "nn", "math", "CAUSAL", "per_member", "project", "ONEDNN", "take",
-            "build", "causal_mask", "mask_tensor"} <= template
+    assert {"torch", "nn", "math", "project", "ONEDNN", "take", "build",
+            "causal_mask"} <= template
+    assert {"Config", "dataclass", "replace"} <= template  # build(Config(...))
     assert set(keyword.kwlist) | set(keyword.softkwlist) | set(dir(builtins)) | template \
         | set(FUNCTIONAL) <= RESERVED
     assert all(ident(n) != n for n in RESERVED)
@@ -126,13 +128,13 @@ def _spec_names(cfg) -> set[str]:
                 eqns(e.body)
                 continue
             names.update(v.name for v in e.outs)
-            if "instance" in e.attrs:
-                names.update((e.attrs["instance"], e.attrs["instance"].lower()))
+            if "instance" in e.attrs:  # a use's unnamed result is named after it
+                names.update((e.attrs["instance"], value_name(e.attrs["instance"])))
             if e.family is not None:
                 names.add(e.family[0])
     m = cfg.model
     for owner in [m, *cfg.functions.values()]:
-        names.add(owner.name)
+        names.update((owner.name, value_name(owner.name)))  # a module's unnamed result
         names.update(h.name for h in owner.hypers)
         names.update(v.name for v in owner.inputs + owner.outputs)
         names.update(p.name for p in owner.params)
@@ -272,7 +274,7 @@ def rich_names(shift: int) -> dict[str, str]:
 
 # the issue's own examples, placed by hand in one spec
 NAMED = {
-    "MOD": "per_member", "MH": "set_submodule", "FK": "lambda", "MX": "torch", "FV": "class",
+    "MOD": "causal_mask", "MH": "set_submodule", "FK": "lambda", "MX": "torch", "FV": "class",
     "FI": "None", "MP": "state_dict", "MLOC": "forward", "MF": "training", "CMOD": "project",
     "CN": "build", "CI": "len", "CJ": "range", "MODEL": "nn", "HY": "ONEDNN", "K": "cuda",
     "IN": "print", "IN2": "math", "P": "T_destination", "VAL": "register_state_dict_pre_hook",

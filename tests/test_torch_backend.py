@@ -9,7 +9,9 @@
     a reference written here with plain torch ops from the same parameter tensors;
 (g) `fgc compile` fails cleanly (exit 1, a message, no traceback, nothing left behind);
 (h) the Python the backend builds as text keeps its meaning: an operand is bracketed exactly
-    where Python's precedence needs it, and a wrapped line parses as the line it wraps.
+    where Python's precedence needs it, and a wrapped line parses as the line it wraps;
+(i) the sizes are a Config given to build(): several sizes built in one process run side by
+    side, each with `fgc params`' count, and model.py holds no helper its model never calls.
 
 Known backend bugs are marked xfail(strict=False) with a pointer to the report they came from,
 so a fix shows up as XPASS.
@@ -128,9 +130,20 @@ def imported_roots(tree: ast.Module) -> set[str]:
     return roots
 
 
+def _number_field(node: ast.stmt) -> bool:
+    """`name: int = 12`, `eps: float = 1e-05`, `x: float = -math.inf`: a field of Config."""
+    if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+            and isinstance(node.annotation, ast.Name) and node.annotation.id in ("int", "float")):
+        return False
+    value = node.value.operand if isinstance(node.value, ast.UnaryOp) else node.value
+    return isinstance(value, ast.Constant) and isinstance(value.value, int | float) or \
+        ast.unparse(value) in ("math.inf", "math.nan")
+
+
 def assert_safe_module(text: str) -> ast.Module:
     """model.py parses, imports only torch and the standard library, and holds no statement
-    beyond what fgc emits: a docstring, imports, constants, functions and classes."""
+    beyond what fgc emits: a docstring, imports, constants, functions and classes, the
+    classes only methods but for Config, a dataclass whose fields are plain numbers."""
     tree = ast.parse(text)
     bad_roots = imported_roots(tree) - {"torch"} - set(sys.stdlib_module_names)
     assert not bad_roots, f"model.py imports {sorted(bad_roots)}"
@@ -140,12 +153,13 @@ def assert_safe_module(text: str) -> ast.Module:
         if isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.ClassDef)):
             if isinstance(node, ast.Import | ast.ImportFrom):
                 assert node.col_offset == 0 and imported_roots(ast.Module([node], [])) <= \
-                    {"torch", "math"}, f"unexpected import: {ast.unparse(node)}"
+                    {"torch", "math", "dataclasses"}, f"unexpected import: {ast.unparse(node)}"
             if isinstance(node, ast.ClassDef):
                 for k2, member in enumerate(node.body):
                     assert isinstance(member, ast.FunctionDef) or (
                         k2 == 0 and isinstance(member, ast.Expr)
-                        and isinstance(member.value, ast.Constant)), \
+                        and isinstance(member.value, ast.Constant)) or (
+                        node.name == "Config" and _number_field(member)), \
                         f"class {node.name} holds `{ast.unparse(member)[:80]}`"
             continue
         if isinstance(node, ast.Assign) and all(isinstance(t, ast.Name) for t in node.targets):
@@ -939,6 +953,8 @@ LINES = [
     "H_l = H_prev - (self.attn(self.LN_1(H_prev), M_l) - self.ff_1(self.LN_2(H_prev)))",
     "y = (self.GELU_erf(project(X, self.W) + self.b) @ self.w) * self.scale + self.b_P",
     "z = (x if c else y).sum(-1, keepdim=True).movedim(-3, -2).flatten(-2)",
+    "mask_st = self.Mask_ST(n=start + T, w=self.config.w, device=device, dtype=self.W_e.dtype)"
+    "[start:]",
     "return [site for layer in self.layers for site in (layer.MH_1.Attention, "
     "layer.MH_2.Attention)]",
     "return self.logits_head(H_prev, mask_ar), [site.cache for site in sites]",
@@ -973,3 +989,87 @@ def test_wrapped_conditional_operand_stays_bracketed(monkeypatch):
     assert _same_meaning(text, code), text
     assert "(\n" in text and "\n            + H_prev" in text, text
 
+
+
+# ---------------------------------------------------------------- (i) Config and build()
+
+# two sizes of one model.py: the compiled one and another, every derived size changed too
+SIZES = [TINY, {"L": 3, "H": 24, "A": 3, "V": 37, "n": 5}]
+
+
+@functools.cache
+def params_total_at(spec: str, sets: tuple) -> int:
+    r = fgc("params", spec, *[a for k, v in sets for a in ("--set", f"{k}={v}")],
+            "--format", "json")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)["total"]
+
+
+def _probabilities(model, spec: str, sizes: dict):
+    with torch.no_grad():
+        out = model(*example_inputs(spec, sizes))
+    return out[0] if isinstance(out, tuple) else out
+
+
+@pytest.mark.parametrize("spec", ["specs/gpt2.fgpt", "specs/bert.fgpt", "specs/transformer.fgpt"])
+def test_two_sizes_side_by_side(spec, compiled):
+    """model.py's sizes are a Config given to build(): build() is the compiled size,
+    build(Config(...)) and build(**sizes) another; both live in one process, each with the
+    count `fgc params --set` gives for its size, and each runs on its own sizes whatever
+    was built or run since (no module-level size for a build to overwrite)."""
+    small, other = (tiny_sets(spec) if k == 0 else {**tiny_sets(spec), **SIZES[1]}
+                    for k in range(2))
+    path, total = compiled(spec, None, small)
+    module = import_model(path)
+    assert not {h for h in small if hasattr(module, h)}, "a hyperparameter at module level"
+    torch.manual_seed(0)
+    first = module.build()
+    assert first.config == module.Config() == module.Config(**small)
+    second = module.build(module.Config(**other))
+    assert module.build(**other).config == second.config == module.Config(**other)
+    assert module.build(module.Config(), L=other["L"]).config.L == other["L"]
+    assert second.config.D == other["H"] // other["A"]  # derived sizes follow the fields
+    assert unique_params(first) == total == params_total_at(spec, tuple(sorted(small.items())))
+    assert unique_params(second) == params_total_at(spec, tuple(sorted(other.items())))
+    before = _probabilities(first, spec, small)
+    after_other = _probabilities(second, spec, other)
+    assert after_other.shape[-1] == other["V"]
+    torch.testing.assert_close(_probabilities(first, spec, small), before)
+    torch.testing.assert_close(after_other.sum(-1), torch.ones_like(after_other.sum(-1)))
+
+
+def test_config_is_frozen_and_derived_sizes_are_properties(compiled):
+    path, _ = compiled("specs/gpt2.fgpt", "small")
+    module = import_model(path)
+    config = module.Config()
+    assert (config.L, config.H, config.A, config.D, config.F) == (12, 768, 12, 64, 3072)
+    with pytest.raises(AttributeError):
+        config.L = 2  # frozen: one config, one size, for every module built from it
+    with pytest.raises(TypeError):
+        module.Config(D=32)  # a derived size follows the others; not a field
+
+
+def _reachable(tree: ast.Module) -> tuple[set[str], set[str]]:
+    """(the top-level functions, those the classes and build() reach, directly or through
+    another function)."""
+    functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    roots = [n for n in tree.body if isinstance(n, ast.ClassDef) or
+             (isinstance(n, ast.FunctionDef) and n.name == "build")]
+    reached: set[str] = set()
+    stack = roots
+    while stack:
+        for node in ast.walk(stack.pop()):
+            if isinstance(node, ast.Name) and node.id in functions and node.id not in reached:
+                reached.add(node.id)
+                stack.append(functions[node.id])
+    return set(functions) - {"build"}, reached
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_no_dead_helpers(spec, compiled):
+    """model.py holds only the helpers its model calls (the template's `uses_*` flags read
+    what is left once unused modules are pruned): every top-level function but build() is
+    reached from the classes or build()."""
+    path, _ = compiled(spec, None)
+    functions, reached = _reachable(ast.parse(path.read_text(encoding="utf-8")))
+    assert functions <= reached, f"never called: {sorted(functions - reached)}"

@@ -277,7 +277,8 @@ def test_source_and_target_lengths_are_separate(compiled_torch):
     """model.py reads each length off its own input and checks it against its own maximum."""
     ours, text = compiled_torch
     assert "T_n = x.shape[1]" in text and "T_m = y.shape[1]" in text
-    assert "assert T_n <= n" in text and "assert start + T_m <= m" in text  # m: generated
+    assert "assert T_n <= self.config.n" in text and \
+        "assert start + T_m <= self.config.m" in text  # m: generated
     x, y = _tokens(SMALL["n"], SMALL["m"] + 1)
     with pytest.raises(AssertionError, match="at most 6"):
         ours(x, y)

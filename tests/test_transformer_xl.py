@@ -328,8 +328,9 @@ def test_the_graph_declares_its_state(tmp_path):
     assert {o.name: dims(o) for o in g.graph.output} == {
         "probs": ["batch", "T_n", 23], "Mem'": ["batch", 2, "min(6, T_n + T_p)", 16]}
     meta = {p.key: p.value for p in g.metadata_props}
-    assert json.loads(meta["fgc.state"]) == {"Mem'": "Mem"}
-    assert json.loads(meta["fgc.max_length"]) == {"T_n": 4, "T_p": 6}
+    sig = json.loads(meta["fgc.signature"])
+    assert sig["state"] == {"Mem'": "Mem"}
+    assert sig["max_length"] == {"T_n": 4, "T_p": 6}
 
 
 # ---------------------------------------------------------------- the parameter count

@@ -677,10 +677,11 @@ class _Body:
             loop.stacks[k] = (loop.stacks[k][0], name)
             ref = Ref(Operand(name=name), ref.type)
         elif self.block and isinstance(self.block[-1], Eqn) and ref.op.name is not None \
-                and ref.op.name.startswith("%") and self.block[-1].outs[0].name == ref.op.name \
-                and len(self.block[-1].outs) == 1:
+                and ref.op.name.startswith("%") and \
+                any(v.name == ref.op.name for v in self.block[-1].outs):
+            # the last equation's result, or one of them (`a, b = M(...)` binds each)
             old = ref.op.name
-            self.block[-1].outs[0].name = name
+            next(v for v in self.block[-1].outs if v.name == old).name = name
             ref = Ref(Operand(name=name), ref.type)
             for key, seen in self._cse.items():
                 if seen.op.name == old:

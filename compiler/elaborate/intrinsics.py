@@ -24,8 +24,9 @@ CAUSAL = "causal"  # position i sees j <= i
 STRICT_CAUSAL = "strict_causal"  # position i sees j < i
 WINDOW = "window"  # position i sees the w positions i-w+1 .. i
 CAUSAL_KINDS = frozenset({CAUSAL, STRICT_CAUSAL, WINDOW})  # no position sees a later one
-# masks every backend passes by what they mean, not as a tensor: attention runs them as
-# `is_causal` or without a mask, and the incremental form aligns them to the cached keys
+# masks the lowering passes by what they mean, not as a tensor (lowering/masks.py):
+# attention runs them as `is_causal` or without a mask, and the incremental form aligns
+# them to the cached keys
 BY_MEANING = frozenset({NO_MASK, CAUSAL})
 
 

@@ -271,6 +271,11 @@ class Attrs(TypedDict, total=False):
     counts: list[Size | None]  # concat: members of each whole-family argument
     kinds: list[str]  # index: how each axis is indexed
     guard: str  # cond: the condition on the layer index, as written
+    causal: bool  # mask, mask_tensor (lowering/masks.py): keys after the query are -inf
+    bias: bool  # mask_tensor: the mask it makes a tensor of has an additive part
+    masks: dict[str, str]  # call, after the lowering: the mask each input taken by meaning
+    # is given ("causal", "none", "causal+bias", or "=X": what this use's own input X is)
+    lo: Size  # lookup (lowering/lookups.py): the id of the table's first row
 
 
 class Eqn(_Base):
@@ -308,6 +313,10 @@ class Function(_Base):
     span: Span | None = None
     builtin: bool = False  # from the standard library
     mask_products: SpansByName = {}  # input -> span of a `*` it reaches
+    # set by the lowering (lowering/masks.py): input -> the kind of mask its calls pass it
+    # by meaning ("none", "causal", "causal+bias", or "per_use": each call's `masks`
+    # attribute says); absent: the input is a tensor
+    mask_inputs: dict[str, str] = {}
 
 
 class Carried(_Base):

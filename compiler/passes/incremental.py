@@ -29,6 +29,7 @@ from ..elaborate.ir import Ell, Eqn, Loop, TensorType, sequence_symbols
 from ..elaborate.primitives import PRIMITIVES
 from ..elaborate.symbolic import Poly, format_poly
 from ..errors import FgcError, Span
+from .families import eqn_has_axis
 
 # what keeps positions apart: element-wise ops and those along the last axis only
 POINTWISE = {name for name, p in PRIMITIVES.items() if p.family == "elementwise"} | {"cond"}
@@ -59,9 +60,13 @@ class Incremental:
     sites: list[CacheSite]
     layers: dict[int, Poly] = field(default_factory=dict)  # loop -> number of layers
 
-    def tensors(self, values: dict) -> list[tuple[str, str, CacheSite, int, str]]:
-        """(past name, present name, site, layer (1-based, 0 outside layers), key|value)
-        in graph order: layer by layer, each site's key then value."""
+    def cache(self) -> list[tuple[str, str, CacheSite, int, str]]:
+        """(past name, present name, site, block, key|value) for each cache site and kind,
+        in graph order: the sites outside the layers, then each `layers` block's, each
+        site's key then value. `block` counts the `layers` blocks from 1 in the spec's
+        order (0 outside any); in a block's names `{l}` is the layer's index from 0, and
+        the block's tensors are, layer by layer, each of its entries in turn (the
+        signature's compact cache, which runtime/signature.py expands)."""
         per_layer = {}
         for s in self.sites:
             per_layer.setdefault(s.loop, []).append(s)
@@ -73,42 +78,32 @@ class Incremental:
                 out.append((f"past.{tag}.{kind}", f"present.{tag}.{kind}", s, 0, kind))
         for loop in loops:
             sites = per_layer[loop]
-            count = self.layer_count(sites[0], values)
             lead = "" if len(loops) == 1 else f"{loop + 1}."
-            for layer in range(1, count + 1):
-                for s in sites:
-                    tag = f"{lead}{layer - 1}" + ("" if len(sites) == 1 else
-                                                  f".{_tag(s, sites)}")
-                    for kind in ("key", "value"):
-                        out.append((f"past.{tag}.{kind}", f"present.{tag}.{kind}", s,
-                                    layer, kind))
+            for s in sites:
+                tag = lead + "{l}" + ("" if len(sites) == 1 else f".{_tag(s, sites)}")
+                for kind in ("key", "value"):
+                    out.append((f"past.{tag}.{kind}", f"present.{tag}.{kind}", s, loop + 1,
+                                kind))
         return out
 
-    def layer_count(self, site: CacheSite, values: dict) -> int:
-        """How many layers have this site at a configuration (1 outside the layers)."""
-        if site.loop is None:
-            return 1
-        return _number(self.layers[site.loop], {k: v for k, v in values.items()
-                                               if isinstance(v, Poly)})
+    def layer_count(self, site: CacheSite) -> Poly:
+        """How many layers have this site (1 outside the layers), over the hyperparameters."""
+        return Poly.const(1) if site.loop is None else self.layers[site.loop]
 
-    def dims(self, site: CacheSite, kind: str, values: dict, past: str = "past") -> list:
-        """A cache tensor's dims at a configuration: the batch, the heads, the positions
-        (named `past`), then the key's (or value's) own."""
-        known = {k: v for k, v in values.items() if isinstance(v, Poly)}
-        out: list = ["batch"]
+    def dims(self, site: CacheSite, kind: str, batch: str = "batch",
+             past: str = "past") -> list:
+        """A cache tensor's dims: the batch, the heads, the positions (named `past`), then
+        the key's (or value's) own; sizes over the hyperparameters."""
+        out: list = [batch]
         if site.heads is not None and kind not in site.shared:
-            out.append(_number(site.heads, known))
+            out.append(site.heads)
         for d in (site.key if kind == "key" else site.value):
-            out.append(past if d is None else _number(d, known))
+            out.append(past if d is None else d)
         return out
 
 
 def _tag(site: CacheSite, sites: list[CacheSite]) -> str:
     return ".".join(site.path) if len(sites) > 1 else ".".join(site.path[:1])
-
-
-def _number(p: Poly, known: dict) -> int:
-    return int(p.subs(known).const_value())
 
 
 # ---------------------------------------------------------------- the analysis
@@ -214,7 +209,8 @@ class _Walk:
     def eqn(self, e: Eqn, s: _Scope, shared: set[str]) -> None:
         for v in e.outs:
             s.types[v.name] = v.type
-        if e.family is not None and (e.op == "members" or any(self.varies(o, s) for o in e.ins)):
+        if e.family is not None and eqn_has_axis(e, [self.varies(o, s) for o in e.ins],
+                                                 self.functions):
             s.varying.update(v.name for v in e.outs)
         s.computed.update(v.name for v in e.outs)
         ins = [self.type_of(o, s) for o in e.ins]
@@ -254,6 +250,10 @@ class _Walk:
             if contracted:
                 self.fail("a product over the positions mixes them; only attention with "
                           "a causal mask may", e.span)
+            return
+        if op == "lookup":  # rows of a table, one per id: the ids' positions stay apart
+            if ins[1] is not None and self.axes(ins[1], s, e.span):
+                self.fail("a lookup in a table along the positions mixes them", e.span)
             return
         if op == "transpose":
             t = positional[0] if positional else None

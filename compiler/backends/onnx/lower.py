@@ -27,26 +27,23 @@ from fractions import Fraction
 
 import numpy as np
 
+from runtime.signature import cache_tensors, expand_cache
+
 from ...elaborate import ir
 from ...elaborate.elaborator import guard_holds
-from ...elaborate.intrinsics import (
-    BY_MEANING,
-    CAUSAL,
-    NO_MASK,
-    STRICT_CAUSAL,
-    WINDOW,
-    intrinsic,
-    mask_kind,
-)
-from ...elaborate.ir import Ell, Eqn, Operand, sequence_symbols, state_pairs
+from ...elaborate.intrinsics import intrinsic
+from ...elaborate.ir import Ell, Eqn, Operand, sequence_symbols
 from ...elaborate.symbolic import Atom, Poly, format_poly
 from ...lowering import prepare
+from ...lowering.layers import invariant
+from ...lowering.masks import site_kinds
+from ...lowering.signature import LOGITS, PAST, run_lengths, signature
 from ...names import family_layout, ident
+from ...passes.families import eqn_has_axis
 from ...passes.incremental import Incremental, derive
 from .graph import ORT_DOMAIN, Graph, Node
 
 DEFAULT_OPSET = 23
-PAST = "past"  # the incremental form's run-time size: positions the cache holds
 MIN_OPSET = 18
 MAX_OPSET = 25
 CONST_LIMIT = 64 * 1024  # bytes: a larger table of indices is a Range, made at run time
@@ -81,11 +78,9 @@ class V:
     offset: int = 0  # integers: the spec's value is stored + offset (ids are 0-based)
     fam: Role | None = None  # the value's own family axis (one of roles)
     packed: str | None = None
-    kind: str | None = None  # causal | nomask | onehot | proj | transposed: lowered lazily
+    kind: str | None = None  # mask (no tensor: lowering/masks.py) | proj: lowered lazily
     lazy: object = None  # kind-specific data
     stored: str | None = None  # a family of matrices as stored: family_layout order
-    ids: V | None = None  # onehot: the integer ids
-    lazy_lo: int = 1  # onehot: the first id (OneHot over lo..hi)
 
 
 def _int(p: Poly) -> int:
@@ -113,6 +108,7 @@ class Scope:
         self.params: dict[str, ir.Param] = {p.name: p for p in (fn.params if fn else [])}
         self.shared: set[str] = set()  # module uses shared by every layer
         self.ells: dict[str, tuple] = {}  # `...` in the signature -> the dims it stands for
+        self.masks: dict = {}  # input -> the MaskKind this use gives it (lowering/masks.py)
 
 
 class Lowerer:
@@ -142,7 +138,7 @@ class Lowerer:
         self.logits_of: dict[int, V] = {}  # id(Softmax result) -> its input
         self.max_length: dict[str, int] = {}  # run-time size -> the spec's maximum
         # the incremental form (kv_cache): past keys and values in, present ones out
-        self.inc: Incremental | None = derive(self.model, self.functions) if kv_cache else None
+        self.inc: Incremental | None = derive(cfg.model, cfg.functions) if kv_cache else None
         if self.inc is not None and PAST in {h.name for h in self.model.hypers}:
             raise Unsupported(f"a hyperparameter named `{PAST}`: the incremental form's axis "
                               "of earlier positions has that name; rename the hyperparameter")
@@ -350,11 +346,6 @@ class Lowerer:
             v.name = self.g.op("Transpose", [v.stored], f"{v.stored}/members", perm=perm)
             self.info(v.name, v)
             return v
-        if v.kind in ("causal", "nomask", "onehot"):
-            out = v.lazy()
-            v.name, v.offset, v.dtype = out.name, out.offset, out.dtype
-            v.roles, v.kind = out.roles, None
-            return v
         raise Unsupported("a value has no tensor")
 
     def packed_form(self, v: V) -> str:
@@ -440,15 +431,16 @@ class Lowerer:
         penv: dict = {}
         numeric: dict = {}
         dyn_syms = sequence_symbols(m, self.functions)
-        names = sorted(dyn_syms)
-        runtime_name = {s: ("T" if len(names) == 1 else f"T_{s}") for s in names}
-        for s in names:
-            self.max_length[runtime_name[s]] = _int(self.values[s])
+        # inputs, outputs, state, names of the run lengths and of the cache tensors: decided
+        # in compiler/lowering/signature.py, stored whole as the metadata `fgc.signature`
+        self.signature = signature(m, self.functions, self.values, self.inc)
+        runtime_name = run_lengths(m, self.functions)
+        self.max_length = dict(self.signature["max_length"])
         if self.inc is not None:
-            self.generated = runtime_name[self.inc.length]
+            self.generated = self.signature["incremental"]["length"]
         self.g.taken.update(v.name for v in m.inputs)
         self.g.taken.update(o.name for o in m.outputs)
-        self.g.taken.add("logits")
+        self.g.taken.add(LOGITS)
         for h in m.hypers:
             value = self.values[h.name]
             if isinstance(value, float):
@@ -489,7 +481,6 @@ class Lowerer:
                 self.eqn(item, scope)
         graph_outputs: list[tuple[str, str, list]] = []
         inputs_named = {v.name for v in m.inputs}
-        taken = inputs_named | {o.name for o in m.outputs}
         renamed: dict[str, str] = {}  # tensor -> the graph output it became
 
         def output(tensor: str, name: str) -> None:
@@ -513,50 +504,27 @@ class Lowerer:
                 v = V("int", v.roles, v.own, name=self.math(v))
             output(v.name, o.name)
             graph_outputs.append((o.name, v.dtype, self.dims(v)))
-            if logits is not None and len(m.outputs) == 1 and "logits" not in taken:
+            extra = self.signature["logits"]
+            if extra is not None and extra["of"] == o.name:
                 # users train on the logits: the input of the final Softmax, as a 2nd output
-                output(logits.name, "logits")
-                graph_outputs.append(("logits", "real", self.dims(logits)))
+                if logits is None:
+                    raise Unsupported(f"no Softmax computed `{o.name}`")
+                output(logits.name, extra["name"])
+                graph_outputs.append((extra["name"], "real", self.dims(logits)))
         if self.inc is not None:
             graph_outputs += self._cache_outputs(output)
-        meta = self.metadata(m, penv, inputs, graph_outputs)
+        meta = self.metadata(m)
         doc = f"{m.name}, compiled by fgc from {self.spec.path.rsplit('/', 1)[-1]}" + \
             (f" (preset {self.preset})" if self.preset else "")
         self.g.nodes = self._live(self.g.nodes, {n for n, _, _ in graph_outputs})
         return self.g.model(inputs, graph_outputs, self.opset, m.name, doc, meta, external,
                             stream)
 
-    def metadata(self, m: ir.Model, penv: dict, inputs, outputs) -> dict[str, str]:
-        ins = []
-        for v in m.inputs:
-            t = v.type
-            entry = {"name": v.name, "dtype": t.dtype, "dims": next(
-                d for n, _, d in inputs if n == v.name)}
-            if t.dtype == "int":
-                entry["lo"] = _int(self.ev(t.lo, penv))
-                entry["hi"] = _int(self.ev(t.hi, penv))
-                run_hi = self.ev(t.hi, self.run_env)
-                if not run_hi.is_const():  # a position: bounded by this run's length
-                    entry["hi_run"] = format_poly(run_hi)
-                entry["zero_based"] = True
-                entry["perm"] = bool(t.perm)
-            ins.append(entry)
-        maxima = self.max_length
-        state = {}
-        if state_pairs(m):  # outputs a caller feeds back as inputs: {"Mem'": "Mem"}
-            state["fgc.state"] = json.dumps(dict(state_pairs(m)), separators=(",", ":"))
-        if self.inc is not None:
-            state["fgc.incremental"] = json.dumps({
-                "tokens": self.inc.tokens, "length": self.generated,
-                "cache": [{"past": past, "present": present, "dims": dims}
-                          for past, present, dims in self._cache_tensors()]},
-                separators=(",", ":"))
+    def metadata(self, m: ir.Model) -> dict[str, str]:
+        """The graph's metadata: the signature (compiler/lowering/signature.py, the dict the
+        torch module's signature() returns) and where the graph came from."""
         return {
-            **state,
-            "fgc.inputs": json.dumps(ins, separators=(",", ":")),
-            "fgc.outputs": json.dumps([{"name": n, "dtype": d, "dims": dims}
-                                       for n, d, dims in outputs], separators=(",", ":")),
-            "fgc.max_length": json.dumps(maxima, separators=(",", ":")),
+            "fgc.signature": json.dumps(self.signature, separators=(",", ":")),
             "fgc.model": m.name,
             "fgc.preset": self.preset or "",
             "fgc.spec": self.spec.path.rsplit("/", 1)[-1],
@@ -565,21 +533,23 @@ class Lowerer:
 
     # ---------------------------------------------------------------- the cache
     def _cache_tensors(self) -> list[tuple[str, str, list]]:
-        """(past name, present name, past dims) in graph order."""
-        return [(past, present, self.inc.dims(site, kind, self.values, PAST))
-                for past, present, site, _, kind in self.inc.tensors(self.values)]
+        """(past name, present name, past dims) in graph order: the signature's compact cache
+        expanded as the runtime expands it (runtime/signature.py)."""
+        return [(c["past"], c["present"], c["dims"])
+                for c in expand_cache(self.signature["incremental"]["cache"])]
 
     def _cache_inputs(self) -> list[tuple[str, str, list]]:
         """The past keys and values, one pair per cached attention and layer; the first
         one's positions axis is the run-time size `past`."""
         out = []
         pending: dict[str, list[str]] = {}
-        for past, present, site, layer, kind in self.inc.tensors(self.values):
-            dims = self.inc.dims(site, kind, self.values, PAST)
+        sites = [site for _, _, site, _, _ in self.inc.cache()]  # beside the signature's
+        at = cache_tensors(self.signature["incremental"]["cache"])
+        for (past, present, dims), (k, layer) in zip(self._cache_tensors(), at, strict=True):
             self.g.taken.update((past, present))
             out.append((past, "real", dims))
             self.dynamic.setdefault(PAST, (past, dims.index(PAST)))
-            path = "/".join(ident(p) for p in site.path)
+            path = "/".join(ident(p) for p in sites[k].path)
             path = f"layer{layer}/{path}" if layer else path
             pending.setdefault(path, []).extend((past, present))
         for path, (pk, rk, pv, rv) in pending.items():
@@ -611,6 +581,19 @@ class Lowerer:
             self.info(cat, val)
             out.append(val)
         return out[0], out[1]
+
+    def causal_table(self, rows: Poly, cols: Poly, label: str) -> str:
+        """Mask^AR as a rows x cols tensor aligned to the last column: row i sees the
+        columns up to cols - rows + i."""
+        zero, one = self.g.const(0, "int"), self.g.const(1, "int")
+        first = self.scalar_size(cols - rows)
+        r = self.g.op("Range", [first, self.scalar_size(cols), one], f"{label}/rows")
+        c = self.g.op("Range", [zero, self.scalar_size(cols), one], f"{label}/cols")
+        later = self.g.op("Greater", [
+            self.g.op("Unsqueeze", [c, self.g.ints([0])], f"{label}/row"),
+            self.g.op("Unsqueeze", [r, self.g.ints([1])], f"{label}/col")], f"{label}/later")
+        return self.g.op("Where", [later, self.g.const(float("-inf"), "real"),
+                                   self.g.const(0.0, "real")], label)
 
     def offset_causal(self, rows: Poly, cols: Poly) -> V:
         """Mask^AR for the new positions: row i (position past + i) sees columns 0..past+i."""
@@ -648,6 +631,10 @@ class Lowerer:
                    self.param(outer, c.init, None) for c in loop.carried}
         last: dict[str, V] = {}
         each: dict[str, list[V]] = {inner: [] for inner, _ in loop.stacks}
+        # the same in every layer (lowering/layers.py): computed at the first layer that
+        # has it, read from there in the others
+        hoisted = {id(e) for e in invariant(loop, self.functions)}
+        once: dict[int, list[V]] = {}  # id of such an equation -> its results
         for layer in range(lo, hi + 1):
             env = dict(outer.env)
             env[loop.var] = Poly.const(layer)
@@ -661,7 +648,13 @@ class Lowerer:
             scope.shared = set(loop.shared)
             scope.ells = outer.ells
             for e in loop.body:
-                self.eqn(e, scope)
+                if id(e) not in hoisted:
+                    self.eqn(e, scope)
+                elif id(e) in once:
+                    scope.vals.update((v.name, x) for v, x in zip(e.outs, once[id(e)]))
+                elif all(guard_holds(g, scope.numeric) for g in e.guards):
+                    self.eqn(e, scope)
+                    once[id(e)] = [scope.vals[v.name] for v in e.outs]
             carried = {c.inner: scope.vals[c.result] for c in loop.carried}
             for inner in each:
                 each[inner].append(scope.vals[inner])
@@ -784,7 +777,7 @@ class Lowerer:
                     s = next(iter(d.symbols()))
                     env.setdefault(s, actual)
                     penv.setdefault(s, actual)
-        table = self.inc is not None and not fn.inputs and mask_kind(fn) not in BY_MEANING and any(
+        table = self.inc is not None and not fn.inputs and any(
             isinstance(x, Poly) and not self.from_past(x).is_const() for x in env.values())
         if table:  # positions or a banded mask: made for past + T rows, read from row past
             for name in bindings:
@@ -798,17 +791,22 @@ class Lowerer:
         role = self.family_role(e, scope)
         callee = Scope(fn, env, penv, path, scope.layer, scope.numeric)
         callee.ells = ells
+        # the mask each input taken by meaning is given at this use (lowering/masks.py)
+        callee.masks = site_kinds(e, lambda name: scope.masks[name])
         lower = fused(fn, self.optimize)
         if lower is not None and not (e.family and fn.params):
             out = lower(self, callee, ins, e)
             if out is not None:
                 return out
         key = None
-        if not self._has_params(fn) and all(v.name or v.packed for v in ins):
-            # a module without parameters, on the same values: computed once (the mask
-            # every layer builds)
+        if scope.fn is not None and not self._has_params(fn) and \
+                all(v.name or v.packed for v in ins):
+            # inside a module, a module without parameters on the same values: computed
+            # once (the mask xlnet's attention builds in every layer); what a layer body
+            # computes once is lowering.layers.invariant's
             key = (fn.name, tuple(id(v) for v in ins),
-                   tuple(sorted((k, str(x)) for k, x in env.items())))
+                   tuple(sorted((k, str(x)) for k, x in env.items())),
+                   tuple(sorted(e.attrs.get("masks", {}).items())))
             if key in self.memo:
                 return self.memo[key][1]
         for decl, v in zip(fn.inputs, ins):
@@ -851,23 +849,9 @@ class Lowerer:
         return bool(fn.params) or any(self._has_params(self.functions[e.attrs["module"]])
                                       for e in fn.eqns if e.op == "call")
 
-    def inline(self, callee: Scope, ins: list[V], doc: str) -> V:
-        """The module's own equations, for a lazy form that must become a tensor."""
-        fn = callee.fn
-        inner = Scope(fn, callee.env, callee.penv, callee.path, callee.layer, callee.numeric)
-        inner.ells = callee.ells
-        for decl, v in zip(fn.inputs, ins):
-            inner.vals[decl.name] = v
-        saved = self.g.doc
-        for e in fn.eqns:
-            self.eqn(e, inner)
-        self.g.doc = doc
-        out = self.canonical(inner.vals[fn.outputs[0].name])
-        self.g.doc = saved
-        return out
-
 
 # ---------------------------------------------------------------- primitives
+
 
 def _out(lw: Lowerer, e: Eqn, scope: Scope, roles, dtype: str, name: str, offset: int = 0,
          fam: Role | None = None) -> V:
@@ -889,10 +873,8 @@ def _rank(lw: Lowerer, e: Eqn, scope: Scope) -> int:
 def _roles_for(lw: Lowerer, e: Eqn, scope: Scope, ins: list[V]) -> tuple[tuple, Role | None]:
     role = lw.family_role(e, scope)
     roles = lw.merge_roles(*ins)
-    fam = None
-    if role is not None and role in roles:
-        fam = role
-    return roles, fam
+    has = eqn_has_axis(e, [role is not None and v.fam is role for v in ins], lw.functions)
+    return roles, role if has and role in roles else None
 
 
 ONNX_BINARY = {"add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "pow": "Pow",
@@ -992,16 +974,6 @@ def _reduce(lw: Lowerer, e: Eqn, ins: list[V], scope: Scope) -> V:
 def _matmul(lw: Lowerer, e: Eqn, ins: list[V], scope: Scope) -> V:
     x, y = ins
     role = lw.family_role(e, scope)
-    if x.kind == "onehot" and not y.roles and len(y.own) == 2:
-        # OneHot(x) @ W is a row lookup: no V-wide one-hot is built
-        ids, lo = x.ids, x.lazy_lo
-        w = lw.canonical(y)
-        row = lw.canonical(ids)
-        shift = row.offset - lo  # row = x - a, for OneHot over a..b
-        rows = row.name if shift == 0 else lw.g.op(
-            "Add", [row.name, lw.g.const(shift, "int")], f"{row.name}/row")
-        out = lw.g.op("Gather", [w.name, rows], _label(e, scope, "embedding"), axis=0)
-        return _out(lw, e, scope, ids.roles, "real", out)
     if y.stored is not None and y.fam is not None and x.fam is None and len(y.own) == 2 \
             and x.dtype == "real" and len(x.own) >= 1 and role is y.fam:
         # X @ W_i for every member i: kept as one GEMM until something needs the heads
@@ -1030,6 +1002,20 @@ def _matmul(lw: Lowerer, e: Eqn, ins: list[V], scope: Scope) -> V:
         prod = lw.g.op("MatMul", [lw.align(x, roles, len(x.own)), lw.align(yv, roles,
                                                                             len(x.own))], label)
         out = lw.g.op("Squeeze", [prod, lw.g.ints([-1])], label)
+    return _out(lw, e, scope, roles, "real", out, fam=fam)
+
+
+def _lookup(lw: Lowerer, e: Eqn, ins: list[V], scope: Scope) -> V:
+    """OneHot(ids) @ W as rows of W (lowering/lookups.py): no V-wide one-hot is built;
+    the table's first row is id `lo`."""
+    ids, table = (lw.canonical(v) for v in ins)
+    if table.roles:
+        raise Unsupported("a lookup in a table that varies along the batch or by member")
+    shift = ids.offset - _int(lw.ev(e.attrs["lo"], scope.env))  # row = id - lo
+    rows = ids.name if shift == 0 else lw.g.op(
+        "Add", [ids.name, lw.g.const(shift, "int")], f"{ids.name}/row")
+    out = lw.g.op("Gather", [table.name, rows], _label(e, scope, "embedding"), axis=0)
+    roles, fam = _roles_for(lw, e, scope, [ids])
     return _out(lw, e, scope, roles, "real", out, fam=fam)
 
 
@@ -1244,46 +1230,41 @@ def _members(lw: Lowerer, e: Eqn, ins: list[V], scope: Scope) -> V:
     return _out(lw, e, scope, roles, x.dtype, out, offset=x.offset, fam=role)
 
 
+def _mask(lw: Lowerer, e: Eqn, ins: list[V], scope: Scope) -> V:
+    """A mask by meaning (lowering/masks.py): its bias, if it has one, is its value;
+    attention reads what it means from the lowering."""
+    if ins:
+        return ins[0]
+    own = tuple(lw.ev(d, scope.env) for d in e.outs[0].type.shape[-2:])
+    return V("real", (), own, kind="mask")
+
+
+def _mask_tensor(lw: Lowerer, e: Eqn, ins: list[V], scope: Scope) -> V:
+    rows, cols = (lw.ev(d, scope.env) for d in e.outs[0].type.shape[-2:])
+    cols = cols + lw.from_past(cols)  # the incremental form: the new rows, every column
+    label = _label(e, scope, "mask")
+    table = lw.causal_table(rows, cols, label) if e.attrs["causal"] else \
+        lw.g.op("Expand", [lw.g.const(0.0, "real"), lw.shape_of([rows, cols])], label)
+    if not e.attrs["bias"]:
+        return _out(lw, e, scope, (), "real", table)
+    bias = lw.as_real(lw.canonical(ins[0]))
+    out = lw.g.op("Add", [bias.name, table], f"{label}/bias")
+    return _out(lw, e, scope, bias.roles, "real", out, fam=bias.fam)
+
+
 LOWER = {
     **{op: _binary for op in ONNX_BINARY}, **{op: _unary for op in ONNX_UNARY},
     "sum": _reduce, "mean": _reduce, "amax": _reduce, "matmul": _matmul,
     "transpose": _transpose, "concat": _concat, "vconcat": _concat, "index": _index,
     "iota": _iota, "broadcast_to": _broadcast_to, "select": _select,
     "invperm": _argsort_like, "argsort": _argsort_like, "argmax": _argmax,
-    "members": _members,
+    "members": _members, "mask": _mask, "mask_tensor": _mask_tensor, "lookup": _lookup,
 }
 
 
 # ---------------------------------------------------------------- builtin modules
 # Each takes the callee's scope (its sizes bound) and the argument values; it returns the
 # results, or None to lower the module's own equations instead.
-
-
-def _lazy_mask(kind: str):
-    """Mask^AR stays symbolic so attention can run it as `is_causal`; Mask^BD ("no mask")
-    is skipped. Either becomes a tensor (the module's equations) when something needs it."""
-    def lower(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
-        fn = callee.fn
-        key = (fn.name, tuple(sorted((k, str(x)) for k, x in callee.env.items())))
-        if key in lw.memo:
-            return lw.memo[key][1]
-        shape = fn.outputs[0].type.shape
-        v = V("real", (), tuple(lw.ev(d, callee.env) for d in shape), kind=kind)
-        doc = lw.g.doc
-        v.lazy = lambda: lw.inline(callee, [], doc)
-        lw.memo[key] = ([], [v])
-        return [v]
-    return lower
-
-
-def _onehot(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
-    (x,) = ins
-    shape = callee.fn.outputs[0].type.shape
-    v = V("int", x.roles, tuple(lw.ev(d, callee.env) for d in shape), kind="onehot", ids=x)
-    v.lazy_lo = _int(callee.env["a"])
-    doc = lw.g.doc
-    v.lazy = lambda: lw.inline(callee, [x], doc)
-    return [v]
 
 
 def _softmax(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
@@ -1369,15 +1350,33 @@ def _attention(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
     -inf at every key attends to nothing and gets 0, as PyTorch's and ONNX's Attention do
     (the literal formula would give 0/0)."""
     q, k, v, mask = ins
-    if callee.path in lw.sites:  # the incremental form: keys of the earlier positions too
+    # what the mask means at this use, as the lowering decided (lowering/masks.py); None:
+    # a tensor
+    kind = callee.masks.get(intrinsic(callee.fn).mask_input)
+    cached = callee.path in lw.sites
+    if cached:  # the incremental form: keys of the earlier positions too
         k, v = lw.extend_cache(callee.path, k, v)
-        if mask.kind == "causal":
-            mask = lw.offset_causal(q.own[0], k.own[0])
-    causal = mask.kind == "causal" and q.own[0] == k.own[0]
+    if kind is not None and kind.causal and (kind.bias or cached or q.own[0] != k.own[0]):
+        # the causal part as a tensor aligned to the keys' end, plus the bias: one mask
+        if cached:
+            table = lw.offset_causal(q.own[0], k.own[0])
+        else:
+            name = lw.causal_table(q.own[0], k.own[0], f"{callee.path}/Mask^AR")
+            table = V("real", (), (q.own[0], k.own[0]), name=name)
+            lw.info(name, table)
+        if kind.bias:
+            bias_v = lw.as_real(lw.canonical(mask))
+            name = lw.g.op("Add", [bias_v.name, table.name], f"{callee.path}/mask")
+            table = V("real", bias_v.roles, bias_v.own, name=name, fam=bias_v.fam)
+            lw.info(name, table)
+        mask, kind = table, None
+    causal = kind is not None and kind.causal
+    if kind is not None:
+        mask = None  # attention runs it as is_causal, or without a mask
     fused = q.fam is not None and q.fam is k.fam is v.fam and q.roles == (lw.batch, q.fam) \
         and k.roles == q.roles and v.roles == q.roles
     bias = None
-    if fused and not causal and mask.kind != "nomask":
+    if fused and mask is not None:
         m = lw.as_real(lw.canonical(mask))
         if all(r in q.roles for r in m.roles):
             bias = lw.align(m, q.roles, 2, full=lw.optimize == "ort")
@@ -1398,15 +1397,20 @@ def _attention(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
         out = lw.g.op("Attention", inputs, path, is_causal=1 if causal else None,
                       q_num_heads=heads, kv_num_heads=heads)
     else:
-        return [_attention_equations(lw, callee, q, k, v, mask)]
+        return [_attention_equations(lw, callee, q, k, v, mask, causal)]
     res = V("real", q.roles, out_own, packed=out, fam=q.fam)
     lw.info(out, res, packed=True)
     return [res]
 
 
-def _attention_equations(lw: Lowerer, callee: Scope, q: V, k: V, v: V, mask: V) -> V:
+def _attention_equations(lw: Lowerer, callee: Scope, q: V, k: V, v: V, mask: V | None,
+                         causal: bool) -> V:
     path = callee.path
-    roles = lw.merge_roles(q, k, v, *([] if mask.kind == "nomask" else [mask]))
+    if causal:
+        name = lw.causal_table(q.own[0], k.own[0], f"{path}/Mask^AR")
+        mask = V("real", (), (q.own[0], k.own[0]), name=name)
+        lw.info(name, mask)
+    roles = lw.merge_roles(q, k, v, *([] if mask is None else [mask]))
     q, k, v = (lw.as_real(lw.canonical(x)) for x in (q, k, v))
     kt = lw.g.op("Transpose", [lw.align(k, roles, 2, full=True)], f"{path}/K^T",
                  perm=list(range(len(roles))) + [len(roles) + 1, len(roles)])
@@ -1418,8 +1422,8 @@ def _attention_equations(lw: Lowerer, callee: Scope, q: V, k: V, v: V, mask: V) 
                 f"{path}/scale")
     scores = lw.g.op("Mul", [scores, scale], f"{path}/scaled")
     safe = False
-    if mask.kind != "nomask":
-        safe = mask.kind != "causal"
+    if mask is not None:
+        safe = not causal
         m = lw.as_real(lw.canonical(mask))
         scores = lw.g.op("Add", [scores, lw.align(m, roles, 2)], f"{path}/masked")
     p = lw.g.op("Softmax", [scores], f"{path}/Softmax", axis=-1)
@@ -1468,10 +1472,12 @@ def _ort_attention(lw: Lowerer, q: V, k: V, v: V, causal: bool, bias: str | None
 # by what they mean. An entry may return None (or be None) to lower the module's equations.
 FUSED = {
     "attention": _attention, "layer_norm": _layer_norm, "softmax": _softmax, "gelu": _gelu,
-    "onehot": _onehot, "concat": _concat_heads, "mask": None,
+    "onehot": None,  # times a table, the lowered `lookup` (lowering/lookups.py)
+    "concat": _concat_heads,
+    # a mask is its equations where it is a tensor; where attention reads it by meaning,
+    # the lowering has made it a `mask` operation (lowering/masks.py)
+    "mask": None,
 }
-FUSED_MASKS = {CAUSAL: _lazy_mask("causal"), NO_MASK: _lazy_mask("nomask"),
-               STRICT_CAUSAL: None, WINDOW: None}
 # --optimize ort: onnxruntime's contrib operators where they differ (attention and
 # LayerNormalization fuse with the Add before them inside their entries)
 FUSED_ORT = {**FUSED, "gelu": _ort_gelu}
@@ -1482,7 +1488,5 @@ def fused(fn: ir.Function, optimize: str | None):
     i = intrinsic(fn)
     if i is None:
         return None
-    if i.kind == "mask":
-        return FUSED_MASKS[i.mask]
     return (FUSED_ORT if optimize == "ort" else FUSED)[i.kind]
 

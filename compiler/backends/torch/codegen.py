@@ -23,19 +23,13 @@ from pathlib import Path
 import jinja2
 
 from ...elaborate import ir
-from ...elaborate.intrinsics import (
-    BY_MEANING,
-    CAUSAL,
-    NO_MASK,
-    STRICT_CAUSAL,
-    WINDOW,
-    intrinsic,
-    is_kind,
-    mask_kind,
-)
+from ...elaborate.intrinsics import intrinsic, is_kind
 from ...elaborate.ir import Ell, Eqn, Operand, TensorType, sequence_symbols
 from ...elaborate.symbolic import Atom, Poly
 from ...lowering import guards, prepare
+from ...lowering.layers import invariant
+from ...lowering.masks import PER_USE, kind_of_input
+from ...lowering.signature import Number, Text, at, run_lengths, signature_form
 from ...names import (
     FUNCTIONAL,
     NAME,
@@ -46,7 +40,9 @@ from ...names import (
     layers_attr,
     reserved,
     safe_name,
+    value_name,
 )
+from ...passes.families import eqn_has_axis
 from ...passes.incremental import NotIncremental, derive
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -417,6 +413,10 @@ def _wrap_expr(expr: str, indent: str, before: str, after: str,
     if attr and expr[:attr.start()].endswith(")"):
         # `f(...).mT`: the call is wrapped, the attributes follow its closing bracket
         return _wrap_expr(expr[:attr.start()], indent, before, attr.group() + after)
+    index = re.search(r"\[[^\[\]()]*\]$", expr)
+    if index and expr[:index.start()].endswith(")"):
+        # `f(...)[start:]`: the call is wrapped, the subscript follows its closing bracket
+        return _wrap_expr(expr[:index.start()], indent, before, index.group() + after)
     if expr.endswith(")"):
         depth, start = 0, None
         for k in range(len(expr) - 1, -1, -1):
@@ -555,6 +555,56 @@ def fit(line: str, indent: int = 4) -> list[str]:
     return [x[indent:] for x in lines]
 
 
+@dataclass(frozen=True)
+class _Code:
+    """A Python expression among the values of a literal (`self.config.V`)."""
+
+    text: str
+
+
+def _flat(v) -> str:
+    """A JSON-able value as a Python literal on one line (strings double-quoted), with any
+    `_Code` in it as its expression."""
+    if isinstance(v, _Code):
+        return v.text
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{_flat(k)}: {_flat(x)}" for k, x in v.items()) + "}"
+    if isinstance(v, list):
+        return "[" + ", ".join(_flat(x) for x in v) + "]"
+    if isinstance(v, str):
+        return json.dumps(v)  # its escapes are Python's too
+    return repr(v)  # int, True, False, None
+
+
+def _literal_lines(v, head: str, indent: int) -> list[str]:
+    """`head` then the literal `v`, at `indent` columns, in lines of at most WIDTH: as is
+    when it fits; a dict or list whose items fit one per line filled after its bracket;
+    otherwise one item a line, each laid out the same way."""
+    flat = f"{' ' * indent}{head}{_flat(v)}"
+    if len(flat) + 1 <= WIDTH or not isinstance(v, (dict, list)) or not v:
+        return [flat]
+    opening, closing = "{}" if isinstance(v, dict) else "[]"
+    items = ([(f"{_flat(k)}: ", x) for k, x in v.items()] if isinstance(v, dict)
+             else [("", x) for x in v])
+    texts = [k + _flat(x) for k, x in items]
+    col = indent + len(head) + 1
+    if all(col + len(t) + 2 <= WIDTH for t in texts):
+        lines = [f"{' ' * indent}{head}{opening}"]
+        for k, t in enumerate(texts):
+            piece = t + ("," if k < len(texts) - 1 else closing)
+            gap = "" if lines[-1].endswith(opening) and len(lines) == 1 else " "
+            if len(lines[-1]) + len(gap) + len(piece) + 1 <= WIDTH:
+                lines[-1] += gap + piece
+            else:
+                lines.append(" " * col + piece)
+        return lines
+    lines = [f"{' ' * indent}{head}{opening}"]
+    for k, x in items:
+        inner = _literal_lines(x, k, indent + 4)
+        lines += inner[:-1] + [inner[-1] + ","]
+    return lines + [" " * indent + closing]
+
+
 # ---------------------------------------------------------------- one function body
 
 
@@ -593,6 +643,9 @@ class Body:
         self.materialized: set[str] = set()
         self.real_dtype = "torch.get_default_dtype()"  # what integers become where reals go
         self.start: str | None = None  # the model's body: the first new position (step())
+        # temporaries the spec names otherwise (a module's result is the module's): the
+        # name they take here, before ident; other temporaries are numbered (`%7` -> t7)
+        self.spec_names: dict[str, str] = {}
 
     # -- values
     def define_input(self, name: str, t: TensorType, layout: Layout, raw_lo=None) -> str:
@@ -681,7 +734,6 @@ class Body:
     def lower_eqn(self, e: Eqn) -> None:
         ins = [self.operand(o, e) for o in e.ins]
         out_type = e.outs[0].type
-        fam_out = e.family is not None
         member_t = out_type.member() if out_type.family is not None else out_type
         out_rank = _rank(member_t)
         lead = any(v.layout.lead for v in ins)
@@ -691,27 +743,19 @@ class Body:
             layouts = [Layout(True, False, _rank(o.type)) for o in e.outs]
         elif e.op == "call":
             exprs = self.gen.lower_call(self, e, ins) * len(e.outs)  # one call, its results
-            # a family passed where the module takes a family is used up inside the call;
-            # one passed where it takes a single value makes one result per member
-            sig = self.gen.functions[e.attrs["module"]].inputs
-            per_member = any(v.layout.fam for v, inp in zip(ins, sig) if inp.type.family is None)
-            layouts = [Layout(lead or any(v.layout.lead for v in ins), fam_out or per_member,
+            fam = eqn_has_axis(e, [v.layout.fam for v in ins], self.gen.functions)
+            layouts = [Layout(lead or any(v.layout.lead for v in ins), fam,
                               _rank(o.type.member() if o.type.family is not None else o.type))
                        for o in e.outs]
         else:
             lowering = LOWER.get(e.op)
             if lowering is None:
                 raise Unsupported(f"the torch backend has no lowering for `{e.op}`")
-            if e.op != "cond":
-                for v in ins:
-                    v.expr = self.gen.maybe_mask(self, v, v.type)
-            if e.op not in ("index", "invperm"):
+            if e.op not in ("index", "invperm", "lookup"):
                 for v in ins:  # ids are held 0-based; arithmetic sees the spec's values
                     if v.raw_lo is not None:
                         v.expr, v.raw_lo = _math(self, v), None
-            # inside a family, a value none of whose operands varies by member is one value;
-            # `members` makes an axis of its operand the family axis
-            fam = e.op == "members" or (any(v.layout.fam for v in ins) if ins else fam_out)
+            fam = eqn_has_axis(e, [v.layout.fam for v in ins], self.gen.functions)
             exprs = [lowering(self, e, ins, Layout(lead, fam, out_rank))]
             layouts = [Layout(lead, fam, out_rank)]
             if e.op in POSITIONS:
@@ -719,8 +763,11 @@ class Body:
             elif e.op == "index":  # entries of ids held 0-based are held 0-based
                 raw_lo = ins[0].raw_lo
         for out, expr, layout in zip(e.outs, exprs, layouts):
-            if e.op == "call" and out.name.startswith("%") and len(e.outs) == 1:
-                py = self.namer.alias(out.name, e.attrs["instance"].lower())
+            if out.name in self.spec_names:
+                py = self.namer.alias(out.name, self.spec_names[out.name])
+            elif "instance" in e.attrs and out.name.startswith("%") and len(e.outs) == 1:
+                # a module's result the spec leaves unnamed: after the use (`mask_ar`)
+                py = self.namer.alias(out.name, value_name(e.attrs["instance"]))
             elif out.name in self.vals:  # a name defined again is a value of its own
                 py = self.namer.alias(f"{out.name}#{len(self.by_py)}", out.name)
             else:
@@ -757,6 +804,10 @@ class Body:
             dims.append("..." if isinstance(d, Ell) else py_poly(d, names).replace(" ", ""))
         shape = "(" + ", ".join(dims) + ")" if dims else "()"
         where = f"{safe_name(e.span.file)}:{e.span.line}" if e.span else ""
+        if e.op == "mask" and not e.ins:  # no tensor: attention reads what it means
+            meaning = "Mask^AR: attention runs is_causal" if e.attrs["causal"] else \
+                "Mask^BD: attention runs without a mask"
+            return f"{meaning}  {where}".strip()
         return f"{shape}  {where}".strip()
 
     # -- emission
@@ -888,7 +939,7 @@ def _shifted(b: Body, expr: str, shift: Poly) -> str:
 
 def _rows(b: Body, v: _Val, first: Poly) -> str:
     """Integer ids as 0-based positions in a table whose first entry is id `first`: an
-    index (first = 1), a row of W in OneHot(x) @ W over first..last."""
+    index (first = 1), a row of W in a lookup (OneHot(x) @ W over first..last)."""
     if v.raw_lo is not None:
         return _shifted(b, v.expr, v.raw_lo - first)
     return _shifted(b, v.expr, -first)
@@ -944,18 +995,6 @@ def _matmul(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
         x = _Val(f"{x.expr}.to({y.expr}.dtype)", x.layout, x.type, producer=x.producer)
     elif y.type.dtype != "real" and x.type.dtype == "real":
         y = _Val(f"{y.expr}.to({x.expr}.dtype)", y.layout, y.type, producer=y.producer)
-    onehot = x.producer
-    if onehot is not None and onehot.op == "call" and b.gen.is_kind(onehot, "onehot") \
-            and not y.layout.lead and not y.layout.fam:
-        # OneHot(x) @ W is a row lookup: no V-wide one-hot is built; OneHot over a..b puts
-        # id a in row 0
-        ids = b.operand(onehot.ins[0], e)
-        rows = f"embedding({_rows(b, ids, onehot.attrs['bindings']['a'])}, {y.expr})"
-        if x.layout.fam and not ids.layout.fam:
-            # the one-hot of ids every member shares, inside a family, has a unit members'
-            # axis (see Generator.lower_call): so has its lookup
-            rows = _unsq(rows, 1, -(out.rank or 0) - 1)
-        return rows
     if y.stored is not None and not x.layout.fam and y.layout.rank == 2 and x.layout.rank:
         # X @ W_i for every member i at once: one product with the (H, A*D) view, then the
         # family axis moved in front of the member's rows
@@ -993,6 +1032,13 @@ def _weight(b: Body, e: Eqn, y: _Val) -> str | None:
         if w.layout == Layout(False, False, 2):
             return f"{w.expr}.mT"
     return None
+
+
+def _lookup(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
+    """OneHot(ids) @ W as rows of W (lowering/lookups.py): no V-wide one-hot is built;
+    the table's first row is id `lo`."""
+    ids, table = ins
+    return f"embedding({_rows(b, ids, e.attrs['lo'])}, {table.expr})"
 
 
 def _transpose(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
@@ -1111,7 +1157,7 @@ def _select(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
 
 def _cond(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
     # a guard is static: sizes in it are the configuration's, never this call's lengths
-    sym = b.sym if b.gen.in_module else {**b.sym, **b.gen.consts}
+    sym = b.sym if b.gen.in_module else {**b.sym, **b.gen.fwd_sym}
     guard = b.gen.guard_py(e.attrs["guard"], sym)
     return f"{operand(ins[0].expr, OR)} if {operand(guard, OR)} else " \
         f"{operand(ins[1].expr, TERNARY)}"
@@ -1157,6 +1203,25 @@ def _members(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
     return x if k == 0 else f"{operand(x, PRIMARY)}.movedim({k - r}, {-r})"
 
 
+def _mask(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
+    """A mask by meaning (lowering/masks.py): at run time only its bias, if it has one;
+    attention reads what it means from the lowering, not from the value."""
+    return ins[0].expr if ins else "None"
+
+
+def _mask_tensor(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
+    rows_d, cols_d = e.outs[0].type.shape[-2:]
+    rows, cols = py_poly(rows_d, b.sym), py_poly(cols_d, b.sym)
+    if b.gen.by_position(cols_d) and b.start is not None:
+        cols = f"{b.start} + {cols}"  # step(): the new rows of the table, every column
+    if e.attrs["causal"]:
+        b.gen.uses_causal = True
+        table = f"causal_mask({rows}, {cols}, {b.device})"
+    else:
+        table = f"torch.zeros({rows}, {cols}, device={b.device})"
+    return infix(ins[0].expr, "+", table) if e.attrs["bias"] else table
+
+
 def _stopgrad(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
     return f"{ins[0].expr}.detach()"
 
@@ -1175,6 +1240,8 @@ LOWER = {
     "matmul": _matmul, "transpose": _transpose, "concat": _concat, "vconcat": _vconcat,
     "index": _index, "iota": _iota, "broadcast_to": _broadcast_to, "invperm": _invperm,
     "argmax": _argmax, "argsort": _argsort, "stopgrad": _stopgrad, "members": _members,
+    "lookup": _lookup,
+    "mask": _mask, "mask_tensor": _mask_tensor,
 }
 POSITIONS = {"argmax", "argsort", "invperm"}  # results held 0-based (raw_lo = 1)
 
@@ -1183,26 +1250,42 @@ POSITIONS = {"argmax", "argsort", "invperm"}  # results held 0-based (raw_lo = 1
 
 
 def _sdpa(b: Body, fn: ir.Function, inputs: list[str]) -> list[Line]:
+    """Scaled dot-product attention, with the mask the lowering decided the calls pass:
+    causal runs as is_causal=True, none as no mask, a bias (plus causal) as attn_mask; a
+    mask causal at some uses and none at others reads the flag each use was built with."""
     q, k, v, mask = inputs
-    last = Line(f"return sdpa({q}, {k}, {v}, attn_mask={mask})",
-                "scale 1/sqrt(d) is sdpa's default")
+    kind = kind_of_input(fn, intrinsic(fn).mask_input)
+    lines = []
     if b.gen.incremental is not None:
-        return [Line("if self.cache is not None:", "step(): the earlier positions' keys first"),
-                Line("    if self.cache:"),
-                Line(f"        {k} = torch.cat([self.cache[0], {k}], dim=-2)"),
-                Line(f"        {v} = torch.cat([self.cache[1], {v}], dim=-2)"),
-                Line(f"    self.cache = ({k}, {v})"),
-                Line(f"if {mask} is CAUSAL:"),
-                Line(f"    if {q}.shape[-2] == {k}.shape[-2]:"),
-                Line(f"        return sdpa({q}, {k}, {v}, is_causal=True)"),
-                Line(f"    if {q}.shape[-2] == 1:", "the newest position sees every key"),
-                Line(f"        return sdpa({q}, {k}, {v})"),
-                Line(f"    {mask} = causal_mask({q}.shape[-2], {k}.shape[-2], {q}.device)"
-                     f".to({q}.dtype)"),
-                last]
-    return [Line(f"if {mask} is CAUSAL:"),
-            Line(f"    return sdpa({q}, {k}, {v}, is_causal=True)"),
-            last]
+        lines = [Line("if self.cache is not None:", "step(): the earlier positions' keys first"),
+                 Line("    if self.cache:"),
+                 Line(f"        {k} = torch.cat([self.cache[0], {k}], dim=-2)"),
+                 Line(f"        {v} = torch.cat([self.cache[1], {v}], dim=-2)"),
+                 Line(f"    self.cache = ({k}, {v})")]
+    table = f"causal_mask({q}.shape[-2], {k}.shape[-2], {q}.device).to({q}.dtype)"
+    if kind is None:
+        return lines + [Line(f"return sdpa({q}, {k}, {v}, attn_mask={mask})",
+                             "scale 1/sqrt(d) is sdpa's default")]
+    if kind.causal is False:
+        return lines + [Line(f"return sdpa({q}, {k}, {v})", "no mask")]
+    if kind.bias:
+        return lines + [Line(f"{mask} = {mask} + {table}", "the bias plus Mask^AR"),
+                        Line(f"return sdpa({q}, {k}, {v}, attn_mask={mask})")]
+    causal = [Line(f"return sdpa({q}, {k}, {v}, is_causal=True)", "Mask^AR")]
+    if b.gen.incremental is not None:
+        causal = [
+            Line(f"if {q}.shape[-2] == {k}.shape[-2]:"),
+            Line(f"    return sdpa({q}, {k}, {v}, is_causal=True)", "Mask^AR"),
+            Line(f"if {q}.shape[-2] == 1:", "the newest position sees every key"),
+            Line(f"    return sdpa({q}, {k}, {v})"),
+            Line(f"{mask} = {table}", "Mask^AR aligned to the keys' end"),
+            Line(f"return sdpa({q}, {k}, {v}, attn_mask={mask})")]
+    if kind.causal is None:  # PER_USE
+        flag = b.gen.mask_flags(fn)[intrinsic(fn).mask_input]
+        return lines + [Line(f"if self.{flag}:", "this use is given Mask^AR")] + \
+            [Line("    " + x.code, x.comment) for x in causal] + \
+            [Line(f"return sdpa({q}, {k}, {v})", "this use is given Mask^BD: no mask")]
+    return lines + causal
 
 
 def _layer_norm(b: Body, fn: ir.Function, inputs: list[str]) -> list[Line]:
@@ -1218,26 +1301,16 @@ def _gelu(b: Body, fn: ir.Function, inputs: list[str]) -> list[Line]:
     return [Line(f"return gelu({inputs[0]}, approximate={intrinsic(fn).approximate!r})")]
 
 
-def _causal(b: Body, fn: ir.Function, inputs: list[str]) -> list[Line]:
-    return [Line("return CAUSAL", "attention runs it as is_causal=True; "
-                 "causal_mask(n) is the tensor")]
-
-
-def _no_mask(b: Body, fn: ir.Function, inputs: list[str]) -> list[Line]:
-    return [Line("return None", "all zeros: attention without a mask")]
-
-
 # Intrinsics (compiler/elaborate/intrinsics.py) whose forward is one fused torch call, by
 # kind; None: the module's own equations. Their equations stay the docstring.
 FUSED = {
     "attention": _sdpa, "layer_norm": _layer_norm, "softmax": _softmax, "gelu": _gelu,
-    "onehot": None,  # a row lookup where it multiplies a weight (see _matmul)
+    "onehot": None,  # times a table, the lowered `lookup` (lowering/lookups.py)
     "concat": None,  # the family axis flattened into the last (see Generator.lower_call)
-    "mask": None,  # by what the mask means, below
+    # a mask is its equations where it is a tensor; where attention reads it by meaning,
+    # the lowering has made it a `mask` operation (lowering/masks.py)
+    "mask": None,
 }
-# the masks passed by meaning (intrinsics.BY_MEANING) return CAUSAL / None, which
-# attention runs as is_causal / without a mask
-FUSED_MASKS = {CAUSAL: _causal, NO_MASK: _no_mask, STRICT_CAUSAL: None, WINDOW: None}
 
 
 def fused_forward(fn: ir.Function):
@@ -1245,7 +1318,7 @@ def fused_forward(fn: ir.Function):
     i = intrinsic(fn)
     if i is None:
         return None
-    return FUSED_MASKS[i.mask] if i.kind == "mask" else FUSED[i.kind]
+    return FUSED[i.kind]
 
 
 # ---------------------------------------------------------------- the generator
@@ -1283,43 +1356,32 @@ class Generator:
         self.in_module = False
         self.dynamic: set[str] = set()
         self.hyper_names = Namer()
-        self.consts: dict[str, str] = {}
+        self.consts: dict[str, str] = {}  # hyperparameter -> its field of Config
         for h in self.model.hypers:
             self.consts[h.name] = self.hyper_names(h.name)
+        # the hyperparameters as the model and its layers read them: from the `config`
+        # their __init__ takes, from `self.config` in forward (no module-level constants,
+        # so models of several sizes live side by side)
+        self.init_sym = {h: f"config.{c}" for h, c in self.consts.items()}
+        self.fwd_sym = {h: f"self.config.{c}" for h, c in self.consts.items()}
         self.comment_sym = _Names({h.name: h.name for h in self.model.hypers})
         self.model_class = class_name(self.model.name)
         while self.model_class in set(self.consts.values()):
             self.model_class += "_"
         # only lengths vary from call to call; a width shared by a real input stays fixed
         self.dynamic = sequence_symbols(self.model, self.functions)
-        self.run_length = self._run_lengths()
+        self.run_length = run_lengths(self.model, self.functions)  # as the ONNX graph's
         for s, name in self.run_length.items():
             self.comment_sym[s] = name
         self.classes: list[ClassView] = []
         self.class_of: dict[str, str] = {}
         self.uses_causal = False
         self.uses_take = False
-        self.uses_per_member = False
         self.uses_project = False
         try:  # the key/value cache form, for a model whose attention is causal
-            self.incremental = derive(self.model, self.functions)
+            self.incremental = derive(cfg.model, cfg.functions)  # on the elaborated IR
         except NotIncremental:
             self.incremental = None
-
-    def _run_lengths(self) -> dict[str, str]:
-        """Each size read off the inputs at run time, and its name in model.py: `T` when
-        there is one, `T_n`, `T_m`, ... when inputs have independent lengths (a source and
-        a target), as the ONNX graph names its axes."""
-        names = sorted(self.dynamic)
-        if len(names) == 1:
-            return {names[0]: "T"}
-        out = {}
-        for s in names:
-            name = f"T_{self.consts.get(s, s)}"
-            while name in set(self.consts.values()) or reserved(name):
-                name += "_"
-            out[s] = name
-        return out
 
     # -- helpers for lowering
     def by_position(self, d) -> bool:
@@ -1487,6 +1549,9 @@ class Generator:
         device = (f"{namer(fn.inputs[0].name)}.device" if fn.inputs else "device")
         self.in_module = True
         body = Body(self, sym, device, namer, self_attr, fn.span.file if fn.span else "")
+        body.spec_names = {**self._use_names(self.cfg.functions[fn.name].eqns
+                                             if fn.name in self.cfg.functions else []),
+                           **self._result_names(fn)}
         inputs = []
         for v in fn.inputs:
             t = v.type
@@ -1494,19 +1559,22 @@ class Generator:
                                                           else t))
             inputs.append(body.define_input(v.name, t, lay))
         subs = []
+        flags = self.mask_flags(fn)
         for e in fn.eqns:
             if e.op == "call":
                 inst = e.attrs["instance"]
                 attr = ident(inst)
                 if f"self.{attr}" not in [s.attr for s in subs]:
-                    subs.append(SubView(f"self.{attr}", self._ctor(e, {s: f"self.{ident(s)}"
-                                                                       for s in static})))
+                    subs.append(SubView(f"self.{attr}", self._ctor(
+                        e, {s: f"self.{ident(s)}" for s in static}, flags)))
         doc = self._docstring(fn)
         lines: list[Line]
         if fused_forward(fn) is not None:
             lines = fused_forward(fn)(body, fn, inputs)
-            if is_kind(fn, "attention") or mask_kind(fn) == CAUSAL:
-                self.uses_causal = True
+            kind = kind_of_input(fn, intrinsic(fn).mask_input or "")
+            if kind is not None and kind.causal is not False and \
+                    (kind.bias or self.incremental is not None):
+                self.uses_causal = True  # causal_mask() aligned to the keys
             subs = []
         else:
             body.lower(fn.eqns)
@@ -1537,10 +1605,37 @@ class Generator:
                           + ("" if fused_forward(fn) is not None else ", dtype=None"))]
         fwd = ", ".join(["self"] + inputs + kw_part)
         init_lines = [f"self.{ident(s)} = {ident(s)}" for s in static]
+        init_lines += [f"self.{flag} = {flag}  # this use is given Mask^AR (else Mask^BD)"
+                       for flag in flags.values()]
         if is_kind(fn, "attention") and self.incremental is not None:
             init_lines.append("self.cache = None  # step(): keys and values, (B, A, P, D) each")
-        return ClassView(cls, doc, [ident(s) for s in static], init_lines, params, subs, fwd,
-                         lines)
+        return ClassView(cls, doc, [ident(s) for s in static] + list(flags.values()),
+                         init_lines, params, subs, fwd, lines)
+
+    @staticmethod
+    def _use_names(body: list) -> dict[str, str]:
+        """Each unnamed result of a module's use, named after the use (`mask_ar` for
+        Mask^AR), read off the IR before the lowering, which may replace a call by what it
+        stands for."""
+        eqns = [e for item in body for e in (item.body if isinstance(item, ir.Loop) else [item])]
+        return {e.outs[0].name: value_name(e.attrs["instance"]) for e in eqns
+                if e.op == "call" and len(e.outs) == 1 and e.outs[0].name.startswith("%")}
+
+    @staticmethod
+    def _result_names(fn: ir.Function) -> dict[str, str]:
+        """A module's unnamed results, and what a result broadcasts (a comprehension's
+        value), named after the module: `diag(x)[i, j] = ...` is `diag`."""
+        producers = {v.name: e for e in fn.eqns for v in e.outs}
+        names = {}
+        for o in fn.outputs:
+            if not o.name.startswith("%"):
+                continue
+            names[o.name] = value_name(fn.name)
+            e = producers.get(o.name)
+            if e is not None and e.op == "broadcast_to" and e.ins[0].name is not None and \
+                    e.ins[0].name.startswith("%"):
+                names[e.ins[0].name] = value_name(fn.name)
+        return names
 
     def _resolve_line_refs(self, body: Body, lines: list[Line]) -> None:
         for line in lines:
@@ -1559,7 +1654,8 @@ class Generator:
             what += f" for each of {py_poly(p.type.family, plain)}"
         return ParamView(attr, shape, what, init)
 
-    def _ctor(self, e: Eqn, caller_sym: dict[str, str]) -> str:
+    def _ctor(self, e: Eqn, caller_sym: dict[str, str],
+              caller_flags: dict[str, str] | None = None) -> str:
         fn = self.functions[e.attrs["module"]]
         cls = self.module_class(fn.name)
         static = self.static_symbols(fn)
@@ -1572,7 +1668,26 @@ class Generator:
                 args.append(f"{ident(s)}={value!r}")
             else:
                 args.append(f"{ident(s)}={py_poly(value, caller_sym)}")
+        for inp, flag in self.mask_flags(fn).items():
+            given = e.attrs["masks"][inp]  # "causal", "none", or "=X": the caller's own
+            value = f"self.{(caller_flags or {})[given[1:]]}" if given.startswith("=") \
+                else str(given == "causal")
+            args.append(f"{flag}={value}")
         return f"{cls}({', '.join(args)})"
+
+    def mask_flags(self, fn: ir.Function) -> dict[str, str]:
+        """Constructor flags of a module given Mask^AR at some uses and Mask^BD at others
+        (lowering/masks.py: PER_USE): input -> the flag saying which this use is."""
+        per_use = [v.name for v in fn.inputs if fn.mask_inputs.get(v.name) == PER_USE.text]
+        taken = {ident(s) for s in self.static_symbols(fn)}
+        flags = {}
+        for name in per_use:
+            flag = "causal" if len(per_use) == 1 else f"{ident(name)}_causal"
+            while flag in taken:
+                flag += "_"
+            taken.add(flag)
+            flags[name] = flag
+        return flags
 
     def _docstring(self, fn: ir.Function) -> list[str]:
         out = []
@@ -1594,19 +1709,17 @@ class Generator:
         args = []
         for v, inp in zip(ins, fn.inputs):
             expr = v.expr
-            if self.needs_tensor(fn.name, inp.name):
-                expr = self.maybe_mask(b, v, v.type)
+            kind = kind_of_input(fn, inp.name)
+            if kind is not None and not kind.bias:  # a mask by meaning alone: no tensor
+                args.append("None")
+                continue
             if v.raw_lo is not None:  # integers cross into modules as the spec's values
                 expr = _shifted(b, v.expr, v.raw_lo)
             if e.family is not None and v.layout.lead and not v.layout.fam and \
                     v.layout.rank is not None:
                 # a per-batch value into a per-member call: a unit axis where the members'
                 # axis is, so the batch does not broadcast against the members
-                if not self.needs_tensor(fn.name, inp.name):  # may be CAUSAL or None
-                    self.uses_per_member = True
-                    expr = f"per_member({expr}, {v.layout.rank})"
-                else:
-                    expr = _unsq(operand(expr, PRIMARY), 1, -v.layout.rank - 1)
+                expr = _unsq(operand(expr, PRIMARY), 1, -v.layout.rank - 1)
             if inp.type.dtype == "real" and v.type.dtype != "real" and "{{" in expr:
                 # an integer argument where the module takes reals
                 dt = b.real_dtype
@@ -1634,9 +1747,9 @@ class Generator:
     def _table_axis(self, b: Body, e: Eqn, fn: ir.Function) -> int | None:
         """For a table computed from sizes along the generated length (positions, a banded
         mask) in an incremental model, the axis of its rows: it is made for start + T
-        positions and read from row start. None for anything else; Mask^AR stays CAUSAL,
-        which attention aligns to the keys."""
-        if fn.inputs or self.incremental is None or mask_kind(fn) in BY_MEANING:
+        positions and read from row start. None for anything else (attention aligns a mask
+        it reads by meaning to the keys itself)."""
+        if fn.inputs or self.incremental is None:
             return None
         axis = next((k for k, d in enumerate(e.outs[0].type.shape) if self.by_position(d)),
                     None)
@@ -1649,66 +1762,7 @@ class Generator:
         return bool(fn.params) or any(self._has_params(e.attrs["module"])
                                       for e in fn.eqns if e.op == "call")
 
-    # -- masks: CAUSAL / None stand for Mask^AR / Mask^BD until something needs the tensor
-    def needs_tensor(self, fn_name: str, inp: str) -> bool:
-        key = (fn_name, inp)
-        memo = self.__dict__.setdefault("_needs", {})
-        if key in memo:
-            return memo[key]
-        memo[key] = True  # cycles are impossible; this is only a guard
-        fn = self.functions[fn_name]
-        if fused_forward(fn) is not None:
-            memo[key] = inp != intrinsic(fn).mask_input
-            return memo[key]
-        flows = {inp}
-        need = False
-        for e in fn.eqns:
-            names = [o.name for o in e.ins]
-            if not flows & set(names):
-                continue
-            if e.op == "call":
-                callee = self.functions[e.attrs["module"]]
-                for o, ci in zip(e.ins, callee.inputs):
-                    if o.name in flows and self.needs_tensor(callee.name, ci.name):
-                        need = True
-            elif e.op == "cond":
-                flows |= {v.name for v in e.outs}
-            else:
-                need = True
-        memo[key] = need
-        return need
-
-    def maybe_mask(self, b: Body, v: _Val, t: TensorType) -> str:
-        """`mask_tensor(...)` around a value that may be CAUSAL or None at run time."""
-        p = v.producer
-        from_mask = p is not None and p.op == "call" and \
-            mask_kind(self.functions[p.attrs["module"]]) in BY_MEANING
-        square = len(t.shape) == 2 and not any(isinstance(d, Ell) for d in t.shape) \
-            and t.dtype == "real" and t.shape[0] == t.shape[1]
-        if not square:
-            return v.expr
-        if not from_mask and not (self.in_module and v.named and v.producer is None):
-            return v.expr
-        rows, cols = (py_poly(d, b.sym) for d in t.shape)
-        self.uses_causal = True
-        return f"mask_tensor({v.expr}, {rows}, {cols}, {b.device})"
-
     # -- the layers
-    def _invariant(self, loop: ir.Loop) -> list[Eqn]:
-        """Equations of the layer body that do not change from layer to layer (masks)."""
-        varying = {c.inner for c in loop.carried}
-        hoisted: list[Eqn] = []
-        for e in loop.body:
-            uses_layer = any(isinstance(o.const, Poly) and loop.var in o.const.symbols()
-                             for o in e.ins if o.name is None)
-            per_layer = (e.op == "call" and self._has_params(e.attrs["module"])) or \
-                e.op == "cond" or uses_layer
-            if per_layer or any(o.name in varying for o in e.ins):
-                varying |= {v.name for v in e.outs}
-            else:
-                hoisted.append(e)
-        return hoisted
-
     def loop_lines(self, b: Body, e: Eqn, materialize: set[str]) -> list[Line]:
         info = self.loops[e.attrs["index"]]
         inputs = {v.name for v in self.model.inputs}
@@ -1761,19 +1815,18 @@ class Generator:
     # -- the model
     def generate(self) -> str:
         model = self.model
-        msym = {name: py for name, py in self.consts.items()}
+        msym = dict(self.fwd_sym)
         msym.update(self.run_length)
         self.loops: list[dict] = []
         model_cls = self.model_class
-        namer = Namer(set(self.consts.values()) | {"T", "B", "layer"} |
-                      set(self.run_length.values()))
+        namer = Namer({"T", "B", "layer"} | set(self.run_length.values()))
         self_attr: dict[str, str] = {}
         params = []
         for p in model.params:
             attr = ident(p.name)
             self_attr[p.name] = f"self.{attr}"
             self.param_types[f"self.{attr}"] = p
-            params.append(self._param_view(p, attr, self.consts))
+            params.append(self._param_view(p, attr, self.init_sym))
         calls = [e for item in model.body for e in
                  (item.body if isinstance(item, ir.Loop) else [item]) if e.op == "call"]
         check_distinct([(f"parameter {p.name}", ident(p.name)) for p in model.params]
@@ -1781,6 +1834,7 @@ class Generator:
                           for e in calls]
                        + [("the layers", "layers")], f"model `{model.name}`")
         body = Body(self, msym, "device", namer, self_attr, self.spec.path)
+        body.spec_names = self._use_names(self.cfg.model.body)
         if self.incremental is not None:
             body.start = "start"
         if model.params:
@@ -1803,13 +1857,13 @@ class Generator:
             if e.op == "call":
                 attr = f"self.{ident(e.attrs['instance'])}"
                 if attr not in [x.attr for x in subs]:
-                    ctor = self._ctor(e, self.consts)
+                    ctor = self._ctor(e, self.init_sym)
                     # exists only for some sizes: `... if E != H else ...`; a table the layers
                     # use under a layer condition (hoisted out of them) is made for all
                     guards = [g for g in e.guards
                               if not set(re.findall(NAME, g.text)) & loop_vars]
                     if guards:
-                        guard = " and ".join(self.guard_py(str(g), self.consts)
+                        guard = " and ".join(self.guard_py(str(g), self.init_sym)
                                          for g in guards)
                         ctor = f"{ctor} if {guard} else None"
                     subs.append(SubView(attr, ctor))
@@ -1840,16 +1894,17 @@ class Generator:
             extra = []
             method_name = "forward"
         rest = "\n".join(ln.code for ln in lines if not ln.code.startswith("device = "))
-        if not re.search(r"\bdevice\b", rest):  # nothing made on the inputs' device
+        # nothing made on the inputs' device (`device=x.device` is a keyword and an attribute)
+        if not re.search(r"(?<![\w.])device\b(?!=)", rest):
             lines = [ln for ln in lines if not ln.code.startswith("device = ")]
-        if ir.state_pairs(model) or self.incremental is not None:
-            extra += self._signature_method(model)
+        extra += self._signature_method(model)
         forward_args = ["self"] + args
         if self.incremental is not None:
             extra += self._step_methods(args, method_name)
             forward_args += ["*", "start=0"]
-        view = ClassView(model_cls, self._model_doc(), [], [], params, subs,
-                         ", ".join(forward_args), lines, kind="model", extra_methods=extra)
+        view = ClassView(model_cls, self._model_doc(), ["config"], ["self.config = config"],
+                         params, subs, ", ".join(forward_args), lines, kind="model",
+                         extra_methods=extra)
         view.method_name = method_name  # type: ignore[attr-defined]
         view.logits_of = model.outputs[0].name if softmax_out else None  # type: ignore
         return self._render(view, layer_classes)
@@ -1899,53 +1954,45 @@ class Generator:
                 "            site.cache = None"]
 
     def _signature_method(self, model: ir.Model) -> list[str]:
-        """`signature()` for a model whose outputs include its next inputs (`Mem'` for
-        `Mem`) or that has step(): names, dims and maxima, as the ONNX graph's metadata
-        has them, so that runtime.run_segments can carry the state from call to call and
-        runtime.generate can feed step()."""
-        def dim(d) -> str | int:
-            if d.symbols() & self.dynamic:
-                return py_poly(d, {**self.consts, **self.run_length})
-            return int(d.subs({k: v for k, v in self.values.items()
-                              if isinstance(v, Poly)}).const_value())
-        inputs = [{"name": v.name, "dims": ["batch"] + [dim(d) for d in v.type.shape]}
-                  for v in model.inputs]
-        outputs = [{"name": v.name, "dims": ["batch"] + [dim(d) for d in v.type.shape]}
-                   for v in model.outputs]
-        maxima = {self.run_length[s]: int(self.values[s].const_value())
-                  for s in sorted(self.dynamic)}
+        """`signature()`: the dict compiler/lowering/signature.py decides (inputs, outputs,
+        state, run lengths, what step() keeps), printed as a literal whose sizes that depend
+        on hyperparameters are expressions over `self.config`: a module built at other
+        sizes reports its own. At the compiled configuration it is the dict the ONNX graph
+        stores as its metadata `fgc.signature`. runtime.run_segments and runtime.generate
+        read it."""
+        form = signature_form(model, self.functions, self.incremental)
+        at(form, self.values)  # whole numbers at this configuration, or an FgcError now
+        sig = self._config_code(form)
         return ["", "def signature(self):",
                 '    """Inputs (with their dims: the batch, run lengths) and outputs in order,',
                 "    the outputs a caller feeds back as inputs at the next call, and what",
-                "    step() keeps (read by runtime.run_segments and runtime.generate).\"\"\"",
-                "    return {",
-                "        \"inputs\": [",
-                *[f"            {json.dumps(i)}," for i in inputs],
-                "        ],",
-                "        \"outputs\": [",
-                *[f"            {json.dumps(o)}," for o in outputs],
-                "        ],",
-                f"        \"state\": {json.dumps(dict(ir.state_pairs(model)))},",
-                f"        \"max_length\": {json.dumps(maxima)},",
-                *(self._incremental_lines() if self.incremental is not None else []),
-                "    }"]
+                "    step() keeps (read by runtime.run_segments and runtime.generate), at",
+                "    this module's config; at the compiled one, the ONNX graph's metadata",
+                "    `fgc.signature` holds the same.\"\"\"",
+                *(ln[4:] for ln in _literal_lines(sig, "return ", 8))]
 
-    def _incremental_lines(self) -> list[str]:
-        """signature()'s entry for step(): the token input it extends, that input's run
-        length, and each cached attention's key and value dims and number of layers."""
-        inc = self.incremental
-        lines = ['        "incremental": {',
-                 f'            "tokens": {json.dumps(inc.tokens)},',
-                 f'            "length": {json.dumps(self.run_length[inc.length])},',
-                 '            "cache": [']
-        for s in inc.sites:
-            lines += ["                {",
-                      f'                    "layers": {inc.layer_count(s, self.values)},',
-                      f'                    "key": {json.dumps(inc.dims(s, "key", self.values))},',
-                      '                    "value": '
-                      f'{json.dumps(inc.dims(s, "value", self.values))},',
-                      "                },"]
-        return lines + ["            ],", "        },"]
+    def _config_code(self, form):
+        """The signature form with its `Number`s and `Text`s as Python over `self.config`."""
+        if isinstance(form, Number):
+            return _Code(py_poly(form.size, self.fwd_sym))
+        if isinstance(form, Text):
+            parts, exact = form.template()
+            text = "".join(json.dumps(p)[1:-1].replace("{", "{{").replace("}", "}}")
+                           if k % 2 == 0 else "{" + self.fwd_sym[p] + "}"
+                           for k, p in enumerate(parts))
+            code = f'f"{text}"'
+            if not exact:  # a text naming the size elsewhere; at this configuration, the
+                hypers = form.hypers()  # ONNX graph's
+                now = ", ".join(py_poly(self.values[h], {}) for h in hypers)
+                code = (f"({json.dumps(form.at(self.values))} if "
+                        f"({', '.join(self.fwd_sym[h] for h in hypers)},) == ({now},) "
+                        f"else {code})")
+            return _Code(code)
+        if isinstance(form, dict):
+            return {k: self._config_code(v) for k, v in form.items()}
+        if isinstance(form, list):
+            return [self._config_code(v) for v in form]
+        return form
 
     def _prologue(self, model: ir.Model, names: dict[str, str]) -> list[Line]:
         """The sequence length of this call (each length, when inputs have several), checked
@@ -1961,7 +2008,7 @@ class Generator:
                     # the ONNX graph's input shape says
                     x = names[v.name]
                     axis = k + (2 if v.type.family is not None else 1)
-                    size = py_poly(d, self.consts)
+                    size = py_poly(d, self.fwd_sym)
                     lines.append(Line(f"assert {x}.shape[{axis}] == {size}, "
                                       f"f\"{v.name}: {{{x}.shape[{axis}]}} along axis {axis}; "
                                       f"the model takes exactly {{{size}}}\""))
@@ -1978,13 +2025,13 @@ class Generator:
                                       if len(self.run_length) == 1 else
                                       f"the length of {v.name} in this call"))
                     if self.by_position(d):
-                        lines.append(Line(f"assert start + {T} <= {self.consts[s]}, "
+                        lines.append(Line(f"assert start + {T} <= {self.fwd_sym[s]}, "
                                           f"f\"positions up to {{start + {T}}}; the model takes "
-                                          f"at most {{{self.consts[s]}}}\""))
+                                          f"at most {{{self.fwd_sym[s]}}}\""))
                         continue
-                    lines.append(Line(f"assert {T} <= {self.consts[s]}, "
+                    lines.append(Line(f"assert {T} <= {self.fwd_sym[s]}, "
                                       f"f\"sequence of {{{T}}} tokens; the model takes at most "
-                                      f"{{{self.consts[s]}}}\""))
+                                      f"{{{self.fwd_sym[s]}}}\""))
         if first is not None:
             lines.append(Line(f"device = {first}.device"))
             return lines
@@ -2008,7 +2055,7 @@ class Generator:
         while cls in set(self.consts.values()) | set(self.class_of.values()) or reserved(cls):
             cls += "_"
         attr = layers_attr(index)
-        hoisted = self._invariant(loop)
+        hoisted = invariant(loop, self.functions)  # computed once, before the loop
         hoisted_ids = {id(e) for e in hoisted}
         rest = [e for e in loop.body if id(e) not in hoisted_ids]
         produced = {v.name for e in rest for v in e.outs} | {c.inner for c in loop.carried}
@@ -2018,11 +2065,12 @@ class Generator:
                 if o.name is not None and o.name not in produced and o.name not in \
                         outside_inputs:
                     outside_inputs.append(o.name)
-        namer = Namer({"T", "B"} | set(self.consts.values()) | set(self.run_length.values()))
+        namer = Namer({"T", "B"} | set(self.run_length.values()))
         lsym = dict(msym)
         lsym[loop.var] = "self.l"
         self_attr: dict[str, str] = {}
         body = Body(self, lsym, "device", namer, self_attr, self.spec.path)
+        body.spec_names = self._use_names(self.cfg.model.body)
         args = []
         for c in loop.carried:
             init_t = self._type_of(c.init, outer)
@@ -2043,8 +2091,8 @@ class Generator:
                 t = self._type_of(name, outer + hoisted)
                 producer = next((e for e in outer + hoisted if any(v.name == name
                                                                    for v in e.outs)), None)
-                if producer is not None and producer.op == "call" and name.startswith("%"):
-                    namer.alias(name, producer.attrs["instance"].lower())
+                if name in body.spec_names:
+                    namer.alias(name, body.spec_names[name])
                 lead = not (producer is not None and producer.op == "call"
                             and not self.functions[producer.attrs["module"]].inputs)
                 args.append(body.define_input(name, t, Layout(lead, False, _rank(t))))
@@ -2058,12 +2106,12 @@ class Generator:
             a = f"self.{ident(inst)}"
             if a in [x.attr for x in subs] or ident(inst) in shared_args:
                 continue
-            ctor = self._ctor(e, self.consts)
+            ctor = self._ctor(e, self.init_sym)
             if inst in shared:
                 shared_args.append(ident(inst))
                 model_subs.append(SubView(f"self.{ident(inst)}", ctor))
             elif e.guards:
-                guard = " and ".join(self.guard_py(str(g), {**self.consts, loop.var: "l"})
+                guard = " and ".join(self.guard_py(str(g), {**self.init_sym, loop.var: "l"})
                                      for g in e.guards)
                 subs.append(SubView(a, f"{ctor} if {guard} else None"))
             else:
@@ -2084,7 +2132,7 @@ class Generator:
                                                              body.result(r))
                                                  for r in results)))
         self._resolve_line_refs(body, lines)
-        init_args = ["l"] + shared_args
+        init_args = ["config", "l"] + shared_args
         # the run's lengths, where the layer's own equations need them
         text = "\n".join(ln.code for ln in lines)
         lengths = [t for t in dict.fromkeys(self.run_length.values())
@@ -2093,18 +2141,20 @@ class Generator:
         # registering it, so the state dict names its tensors once
         init_lines = ["self.l = l"] + [f'object.__setattr__(self, "{a}", {a})  # shared'
                                        for a in shared_args]
+        if re.search(r"\bself\.config\.", text):  # sizes its forward reads
+            init_lines.insert(0, "self.config = config")
         view = ClassView(cls, [f"One of the {py_poly(loop.hi, self.comment_sym)} layers, "
                                f"{loop.var} = 1..{py_poly(loop.hi, self.comment_sym)}."],
                          init_args, init_lines, [], subs,
                          ", ".join(["self"] + args + (["*"] + lengths if lengths else [])),
                          lines, kind="layer")
         layer_classes.append(view)
-        layers = f"for l in range(1, {py_poly(loop.hi, self.consts)} + 1))"
-        ctor = f"nn.ModuleList({cls}(" + ", ".join(["l"] + [f"{a}=self.{a}" for a in
-                                                           shared_args]) + f") {layers}"
+        layers = f"for l in range(1, {py_poly(loop.hi, self.init_sym)} + 1))"
+        ctor = f"nn.ModuleList({cls}(" + ", ".join(["config", "l"] + [
+            f"{a}=self.{a}" for a in shared_args]) + f") {layers}"
         if len(ctor) > 76 and shared_args:  # one shared module per line, under `self.x = `
             pad = " " * 12
-            ctor = f"nn.ModuleList(\n{pad}{cls}(\n{pad}    l,\n" + "".join(
+            ctor = f"nn.ModuleList(\n{pad}{cls}(\n{pad}    config,\n{pad}    l,\n" + "".join(
                 f"{pad}    {a}=self.{a},\n" for a in shared_args) + f"{pad}) {layers}"
         model_subs.append(SubView(f"self.{attr}", ctor))
         # the loop as one equation of the model's forward
@@ -2172,24 +2222,44 @@ class Generator:
             visit(c)
         return [c for c in self.classes if c.name in keep]
 
+    def _config_view(self) -> tuple[list[tuple[str, ...]], list[tuple[str, ...]]]:
+        """Config's fields, (name, type, this configuration's value, comment), and its derived
+        sizes, (name, expression, docstring): a hyperparameter the spec defines from others
+        is a property computed from the fields, unless this configuration gives it another
+        value (then it is a field of its own)."""
+        fields, derived = [], []
+        of_self = {h: f"self.{c}" for h, c in self.consts.items()}
+        env = {k: v for k, v in self.values.items() if isinstance(v, Poly)}
+        lines = [h.span.line for h in self.model.hypers if h.span is not None]
+        for h in self.model.hypers:
+            value, name = self.values[h.name], self.consts[h.name]
+            comment = ""
+            if h.span is not None and lines.count(h.span.line) == 1:  # its own line
+                source = self.sources.line(h.span.file, h.span.line) or ""
+                # printable characters only: it stays one comment line
+                comment = " ".join("".join(ch if ch.isprintable() else " " for ch in
+                                           source.split("#", 1)[1]).split()) \
+                    if "#" in source else ""
+            if isinstance(h.default, Poly) and not h.default.is_const() and \
+                    isinstance(value, Poly) and h.default.subs(env) == value:
+                what = safe_doc(f"{h.name} = {h.text}" + (f": {comment}" if comment else ""))
+                # one line between quotes: it ends in `.`, never in a quote of its own
+                derived.append((name, py_poly(h.default, of_self), what.rstrip(".") + "."))
+                continue
+            if isinstance(value, Poly) and value.const_value().denominator == 1:
+                fields.append((name, "int", str(value.const_value().numerator), comment))
+            else:
+                number = float(value.const_value()) if isinstance(value, Poly) else value
+                fields.append((name, "float", py_const(number, {}), comment))
+        return fields, derived
+
     def _render(self, model_view: ClassView, layer_classes: list[ClassView]) -> str:
         env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES),
                                  keep_trailing_newline=True, trim_blocks=True,
                                  lstrip_blocks=True, autoescape=False)
         template = env.get_template("model.py.j2")
         modules = self._prune(model_view, layer_classes)
-        hypers = []
-        for h in self.model.hypers:
-            value = self.values[h.name]
-            if isinstance(value, Poly):
-                c = value.const_value()
-                text = str(c.numerator) if c.denominator == 1 else repr(float(c))
-            else:
-                text = repr(value)
-            note = ""
-            if h.default is not None:
-                note = f"{h.name} = {h.text}" if h.text else ""
-            hypers.append((self.consts[h.name], text, note))
+        fields, derived = self._config_view()
         text = "\n".join(ln.code for c in [model_view, *layer_classes, *modules]
                           for ln in c.body) + "\n".join(x for c in [model_view] for x in
                                                          c.extra_methods)
@@ -2202,9 +2272,11 @@ class Generator:
         view = dict(
             imports="\n".join(imports),
             spec=safe_name(self.spec.path), model=model_view, layers=layer_classes,
-            modules=modules, hypers=hypers, preset=self.preset,
-            uses_causal=self.uses_causal, uses_take=self.uses_take,
-            uses_per_member=self.uses_per_member, uses_project=self.uses_project)
+            modules=modules, fields=fields, derived=derived, preset=self.preset,
+            uses_causal=self.uses_causal,
+            # the helpers what is left after pruning calls, each emitted only then
+            uses_take=bool(re.search(r"(?<![\w.])take\(", text)),
+            uses_project=bool(re.search(r"(?<![\w.])project\(", text)))
         source = template.render(**view, uses_math=True)
         if re.search(r"\bmath\.", source):
             return source
@@ -2212,7 +2284,7 @@ class Generator:
 
 
 def generate(spec, preset: str | None = None, sets: dict | None = None) -> str:
-    """PyTorch source for a spec at one configuration (hyperparameters become constants)."""
+    """PyTorch source for a spec at one configuration (its values are Config's defaults)."""
     cfg = spec.configure(preset, sets or {})
     sym = spec.symbolic()
     gen = Generator(spec, sym, cfg.values, spec.sources, preset)

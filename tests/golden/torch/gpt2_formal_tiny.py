@@ -5,44 +5,45 @@ sequence length of this call; `spec:LINE` is where the equation is written.
 """
 
 import math
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
 from torch.nn.functional import embedding, layer_norm
 from torch.nn.functional import scaled_dot_product_attention as sdpa
 
-# hyperparameters
-L = 2
-H = 16
-A = 2
-D = 8  # D = H/A
-F = 64  # F = 4*H
-V = 50
-n = 8
 
-# Mask^AR stands symbolic so attention can run with is_causal=True; None is "no mask".
-CAUSAL = object()
+@dataclass(frozen=True)
+class Config:
+    """The hyperparameters of GPT2.
+
+    build(Config(...)) or build(**sizes) makes another size; the sizes the spec defines
+    from others are properties that follow the fields. `fgc params SPEC --set K=V ...`
+    checks a configuration against the spec and counts its parameters.
+    """
+
+    L: int = 2  # number of layers
+    H: int = 16  # dimension of the residual stream
+    A: int = 2  # number of attention heads
+    V: int = 50  # number of types in the vocabulary (byte-level BPE)
+    n: int = 8  # context size
+
+    @property
+    def D(self):
+        """D = H/A: dimension of queries, keys and values."""
+        return self.H // self.A
+
+    @property
+    def F(self):
+        """F = 4*H: hidden dimension of the feed-forward nets."""
+        return 4 * self.H
 
 
 def causal_mask(rows, cols, device=None):
-    """Mask^AR as a tensor: 0 where column <= row, -inf above the diagonal."""
+    """Mask^AR as a tensor: 0 where column <= row, -inf above the diagonal (aligned to the
+    last column when there are more columns than rows: cached keys come first)."""
     full = torch.full((rows, cols), -math.inf, device=device)
     return torch.triu(full, diagonal=cols - rows + 1)
-
-
-def mask_tensor(mask, rows, cols, device=None):
-    """A mask as an additive tensor, whether it is a tensor, CAUSAL or None."""
-    if mask is CAUSAL:
-        return causal_mask(rows, cols, device)
-    if mask is None:
-        return torch.zeros(rows, cols, device=device)
-    return mask
-
-
-def per_member(x, rank):
-    """A value every member of a family shares (a mask per sequence): a unit axis where the
-    members' axis is, so the batch does not broadcast against the members."""
-    return x.unsqueeze(-rank - 1) if isinstance(x, torch.Tensor) else x
 
 
 # project() runs CPU float32 inference through whichever of two kernels multiplies by the
@@ -94,21 +95,6 @@ def project(x, w):
     return out
 
 
-def take(base, rank, member, *index):
-    """base[..., i_1, ..., i_rank] with 0-based index tensors, one per trailing axis of base,
-    shaped like a result with `member` own dimensions; the leading axes of base and of the
-    indices broadcast (a gather, as comprehensions need)."""
-    sizes = base.shape[base.dim() - rank:]
-    flat = base.flatten(base.dim() - rank) if rank > 1 else base
-    linear = index[0]
-    for axis in range(1, rank):
-        linear = linear * sizes[axis] + index[axis]
-    lead = torch.broadcast_shapes(flat.shape[:-1], linear.shape[: linear.dim() - member])
-    linear = linear.expand(*lead, *linear.shape[linear.dim() - member:])
-    picked = torch.gather(flat.expand(*lead, flat.shape[-1]), -1, linear.flatten(len(lead)))
-    return picked.view(linear.shape)
-
-
 class LN(nn.Module):
     """
     module LN[eps = 1e-5](X: R[..., H]) -> R[..., H] {
@@ -151,13 +137,13 @@ class Attention(nn.Module):
                 K = torch.cat([self.cache[0], K], dim=-2)
                 V = torch.cat([self.cache[1], V], dim=-2)
             self.cache = (K, V)
-        if Mask is CAUSAL:
-            if Q.shape[-2] == K.shape[-2]:
-                return sdpa(Q, K, V, is_causal=True)
-            if Q.shape[-2] == 1:  # the newest position sees every key
-                return sdpa(Q, K, V)
-            Mask = causal_mask(Q.shape[-2], K.shape[-2], Q.device).to(Q.dtype)
-        return sdpa(Q, K, V, attn_mask=Mask)  # scale 1/sqrt(d) is sdpa's default
+        if Q.shape[-2] == K.shape[-2]:
+            return sdpa(Q, K, V, is_causal=True)  # Mask^AR
+        if Q.shape[-2] == 1:  # the newest position sees every key
+            return sdpa(Q, K, V)
+        # Mask^AR aligned to the keys' end
+        Mask = causal_mask(Q.shape[-2], K.shape[-2], Q.device).to(Q.dtype)
+        return sdpa(Q, K, V, attn_mask=Mask)
 
 
 class MH(nn.Module):
@@ -196,7 +182,7 @@ class MH(nn.Module):
             project(X, self.W_Q.flatten(-2)).unflatten(-1, (self.A, -1)).movedim(-2, -3),
             project(X, self.W_K.flatten(-2)).unflatten(-1, (self.A, -1)).movedim(-2, -3),
             project(X, self.W_V.flatten(-2)).unflatten(-1, (self.A, -1)).movedim(-2, -3),
-            per_member(Mask, 2),
+            None,
         )
         return project(head.movedim(-3, -2).flatten(-2), self.W_O)
 
@@ -244,35 +230,21 @@ class FF_GELU(nn.Module):
         return project(self.GELU(project(X, self.W_1) + self.b_1), self.W_2) + self.b_2
 
 
-class Mask_AR(nn.Module):
-    """
-    module Mask^AR[n] -> R[n, n] {
-      Mask^AR[i, j] = -inf if j > i else 0
-    }
-    """
-
-    def __init__(self):
-        super().__init__()
-
-    def forward(self, *, n, device=None):
-        return CAUSAL  # attention runs it as is_causal=True; causal_mask(n) is the tensor
-
-
 class GPT2Layer(nn.Module):
     """
     One of the L layers, l = 1..L.
     """
 
-    def __init__(self, l):
+    def __init__(self, config, l):
         super().__init__()
         self.l = l
-        self.LN_1 = LN(H=H, eps=1e-05)
-        self.MH = MH(A=A, D=D, H=H)
-        self.LN_2 = LN(H=H, eps=1e-05)
-        self.FF_GELU = FF_GELU(F=F, H=H)
+        self.LN_1 = LN(H=config.H, eps=1e-05)
+        self.MH = MH(A=config.A, D=config.D, H=config.H)
+        self.LN_2 = LN(H=config.H, eps=1e-05)
+        self.FF_GELU = FF_GELU(F=config.F, H=config.H)
 
     def forward(self, H_prev, mask_ar):
-        Hhat_l = self.MH(self.LN_1(H_prev), mask_ar) + H_prev  # (B, T, H)  gpt2.fgpt:55
+        Hhat_l = self.MH(self.LN_1(H_prev), None) + H_prev  # (B, T, H)  gpt2.fgpt:55
         H_l = self.FF_GELU(self.LN_2(Hhat_l)) + Hhat_l  # (B, T, H)  gpt2.fgpt:56
         return H_l
 
@@ -330,13 +302,13 @@ class GPT2(nn.Module):
     }
     """
 
-    def __init__(self):
+    def __init__(self, config):
         super().__init__()
-        self.W_e = nn.Parameter(torch.empty(V, H))  # W_e: R[V, H]
-        self.W_p = nn.Parameter(torch.empty(n, H))  # W_p: R[n, H]
-        self.layers = nn.ModuleList(GPT2Layer(l) for l in range(1, L + 1))
-        self.Mask_AR = Mask_AR()
-        self.LN_3 = LN(H=H, eps=1e-05)
+        self.config = config
+        self.W_e = nn.Parameter(torch.empty(config.V, config.H))  # W_e: R[V, H]
+        self.W_p = nn.Parameter(torch.empty(config.n, config.H))  # W_p: R[n, H]
+        self.layers = nn.ModuleList(GPT2Layer(config, l) for l in range(1, config.L + 1))
+        self.LN_3 = LN(H=config.H, eps=1e-05)
         self.reset_parameters()
 
     def reset_parameters(self):
@@ -345,10 +317,12 @@ class GPT2(nn.Module):
 
     def logits(self, x, *, start=0):
         T = x.shape[1]  # this call's sequence length
-        assert start + T <= n, f"positions up to {start + T}; the model takes at most {n}"
-        device = x.device
+        assert start + T <= self.config.n, (
+            f"positions up to {start + T}; "
+            f"the model takes at most {self.config.n}"
+        )
         H_0 = embedding(x, self.W_e) + self.W_p[start:start + T]  # (B, T, H)  gpt2.fgpt:52
-        mask_ar = self.Mask_AR(n=T, device=device)  # (T, T)  gpt2.fgpt:55
+        mask_ar = None  # Mask^AR: attention runs is_causal  gpt2.fgpt:55
         H_L = H_0
         for layer in self.layers:  # L layers
             H_L = layer(H_L, mask_ar)
@@ -362,25 +336,29 @@ class GPT2(nn.Module):
     def signature(self):
         """Inputs (with their dims: the batch, run lengths) and outputs in order,
         the outputs a caller feeds back as inputs at the next call, and what
-        step() keeps (read by runtime.run_segments and runtime.generate)."""
+        step() keeps (read by runtime.run_segments and runtime.generate), at
+        this module's config; at the compiled one, the ONNX graph's metadata
+        `fgc.signature` holds the same."""
         return {
             "inputs": [
-                {"name": "x", "dims": ["batch", "T"]},
+                {"name": "x", "dtype": "int", "dims": ["batch", "T"], "lo": 1,
+                 "hi": self.config.V, "zero_based": True, "perm": False},
             ],
-            "outputs": [
-                {"name": "GPT", "dims": ["batch", "T", 50]},
-            ],
+            "outputs": [{"name": "GPT", "dtype": "real", "dims": ["batch", "T", self.config.V]}],
+            "logits": {"name": "logits", "of": "GPT"},
             "state": {},
-            "max_length": {"T": 8},
+            "max_length": {"T": self.config.n},
             "incremental": {
                 "tokens": "x",
                 "length": "T",
+                "past": "past",
                 "cache": [
-                    {
-                        "layers": 2,
-                        "key": ["batch", 2, "past", 8],
-                        "value": ["batch", 2, "past", 8],
-                    },
+                    {"past": "past.{l}.key", "present": "present.{l}.key", "kind": "key",
+                     "block": 1, "layers": self.config.L,
+                     "dims": ["batch", self.config.A, "past", self.config.D]},
+                    {"past": "past.{l}.value", "present": "present.{l}.value", "kind": "value",
+                     "block": 1, "layers": self.config.L,
+                     "dims": ["batch", self.config.A, "past", self.config.D]},
                 ],
             },
         }
@@ -411,7 +389,8 @@ class GPT2(nn.Module):
                 site.cache = None
 
 
-
-def build(device=None, dtype=None):
-    """The model, with freshly initialised parameters."""
-    return GPT2().to(device=device, dtype=dtype)
+def build(config: Config | None = None, *, device=None, dtype=None, **sizes):
+    """The model at `config` (Config() when None) with any `sizes` replaced, build(L=2),
+    and freshly initialised parameters."""
+    config = replace(config or Config(), **sizes)
+    return GPT2(config).to(device=device, dtype=dtype)

@@ -1,0 +1,283 @@
+"""The signature of a compiled model: what a caller feeds it and gets back, decided once.
+
+Both backends print the same plain dict, which the runtime reads (runtime/signature.py):
+the torch module returns it from `signature()`, the ONNX graph stores it, JSON-encoded,
+under the metadata key `fgc.signature`.
+
+    {"inputs":  [{"name": "x", "dtype": "int", "dims": ["batch", "T"],
+                  "lo": 1, "hi": 50257, "zero_based": true, "perm": false}, ...],
+     "outputs": [{"name": "GPT", "dtype": "real", "dims": ["batch", "T", 50257]}, ...],
+     "logits":  {"name": "logits", "of": "GPT"} or null,
+     "state":   {"Mem'": "Mem"},
+     "max_length": {"T": 1024},
+     "incremental": null or {"tokens": "x", "length": "T", "past": "past",
+                             "cache": [{"past": "past.{l}.key", "present": "present.{l}.key",
+                                        "kind": "key", "block": 1, "layers": 12,
+                                        "dims": ["batch", 12, "past", 64]}, ...]}}
+
+- A dim is `"batch"`, a whole number, or the text of a size in the run lengths: `"T"` when
+  one length varies from call to call (`ir.sequence_symbols`), `"T_n"`, `"T_m"`, ... (the
+  spec's symbol after `T_`) when several do, and sizes computed from them
+  (`"min(6, T_n + T_p)"`). An input family's members follow the batch as one axis.
+- An integer input also has its range `lo..hi` at the configuration; `hi_run` when its top
+  is a run length (a position: at most this call's length); the compiled models take ids
+  0-based (`zero_based`); `perm` when it is a permutation.
+- `outputs` are the spec's, in order (what the torch module's forward returns). `logits`
+  names the extra output of the ONNX graph (and the torch module's `logits()`) that is
+  the input of the final Softmax of a single output; null when there is none.
+- `state`: outputs a caller feeds back as inputs at the next call (`Mem'` for `Mem`).
+- `max_length`: each run length's most, the configuration's value of its symbol.
+- `incremental`, for a model with the key/value-cache form (compiler/passes/incremental.py;
+  every torch module of an autoregressive spec, an ONNX graph compiled with `--kv-cache`):
+  the token input a step extends, its run length, the name of the cache's positions axis,
+  and the cache: one entry per cache site and kind (key, value), in graph order (the
+  sites outside the layers, then each `layers` block's, each site's key then value).
+  `block` is the `layers` block the site is in (1-based, in the spec's order; 0 outside
+  any) and `layers` its number of layers (1 outside); `past` and `present` name the ONNX
+  graph's input and output (the present's positions axis is `past+T`), with `{l}` for
+  the layer's index from 0; `dims` are the past's. Entries of one block are consecutive,
+  blocks in increasing order, and stand for their tensors layer by layer: for each layer
+  of the block, each of its entries in turn. runtime/signature.py expands them into that
+  list of tensors (`past.0.key`, `past.0.value`, `past.1.key`, ...), the order of the
+  graph's inputs and outputs and of the torch module's step() (key, value) pairs; a spec
+  of 100,000 layers has one entry per site and kind all the same.
+
+The torch module's numbers are its `self.config`'s: `signature_form` leaves the sizes that
+depend on hyperparameters symbolic (`Number`, `Text`) and the torch backend prints them as
+expressions over `self.config`; `at` gives them the configuration's values, which the ONNX
+graph stores (its sizes are fixed when it is compiled), and `signature` is the two in turn,
+so `build().signature()` is the ONNX graph's `fgc.signature`.
+
+This module imports neither torch, onnx nor jinja2.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+
+from ..elaborate import ir
+from ..elaborate.intrinsics import is_kind
+from ..elaborate.ir import sequence_symbols, state_pairs
+from ..elaborate.symbolic import Atom, Poly, format_poly
+from ..errors import FgcError
+from ..names import Namer, ident, reserved
+
+BATCH = "batch"  # the leading axis of every input and output
+PAST = "past"  # the incremental form's run-time size: positions the cache holds
+LOGITS = "logits"  # the extra output holding the final Softmax's input
+
+
+def run_lengths(model: ir.Model, functions: dict[str, ir.Function]) -> dict[str, str]:
+    """Each size read off the inputs at run time -> its name in the signature's dims, the
+    ONNX graph's axes and the torch module's variables: `T` when there is one, `T_<symbol>`
+    when there are several, the symbol as the torch module spells the hyperparameter
+    (`n^src` -> `T_n_src`), and a `_` more while that is a hyperparameter's name there or
+    a name model.py owns."""
+    names = sorted(sequence_symbols(model, functions))
+    if len(names) == 1:
+        return {names[0]: "T"}
+    hypers = Namer()  # the hyperparameters' constants in model.py, in declaration order
+    consts = {h.name: hypers(h.name) for h in model.hypers}
+    taken = set(consts.values())
+    out = {}
+    for s in names:
+        name = f"T_{consts.get(s) or ident(s)}"
+        while name in taken or reserved(name):
+            name += "_"
+        out[s] = name
+    return out
+
+
+# ---------------------------------------------------------------- sizes left symbolic
+
+
+@dataclass(frozen=True)
+class Number:
+    """A whole number of the signature that depends on the hyperparameters (`V`, `H/A`,
+    `L`), in the symbolic form: `size` is over the spec's hyperparameters."""
+
+    size: Poly
+    what: str  # where it is, for an error message
+
+    def at(self, values: dict) -> int:
+        return _number(self.size.subs(_known(values)), self.what)
+
+
+@dataclass(frozen=True)
+class Text:
+    """A dim or `hi_run` over the run lengths whose numbers depend on the hyperparameters
+    (`min(m, T_n + T_p)`), in the symbolic form: `size` is over the hyperparameters, its
+    sequence symbols standing for the run lengths `runs` names."""
+
+    size: Poly
+    runs: tuple[tuple[str, str], ...]  # (sequence symbol, run length)
+
+    def hypers(self) -> list[str]:
+        runs = dict(self.runs)
+        return sorted(s for s in self.size.symbols() if s not in runs)
+
+    def at(self, values: dict) -> str:
+        return format_poly(self.size.subs({**_known(values),
+                                           **{s: Poly.sym(n) for s, n in self.runs}}))
+
+    def template(self) -> tuple[list[str], bool]:
+        """The text with the hyperparameters' numbers left out: literal pieces and the
+        hyperparameters between them, alternately (`["min(", "m", ", T_n + T_p)"]`); and
+        whether it is the text at every configuration (`at`) or only one that names the
+        same size. It is when each hyperparameter is a whole argument of the one opaque part
+        of its sum, which keeps a run length (`min(m, T_n + T_p)`): giving it a value then
+        merges no terms and reorders nothing."""
+        hypers = self.hypers()
+        marks = {h: Poly.sym(f"\0{k}\0") for k, h in enumerate(hypers)}
+        text = format_poly(self.size.subs({**marks, **{s: Poly.sym(n) for s, n in self.runs}}))
+        pieces = text.split("\0")
+        parts = [p if k % 2 == 0 else hypers[int(p)] for k, p in enumerate(pieces)]
+        return parts, _keeps_form(self.size, set(hypers))
+
+
+def _keeps_form(p: Poly, hypers: set[str]) -> bool:
+    """Whether giving `hypers` values leaves the text of `p` as it is but for their numbers
+    (see Text.template)."""
+    atoms = [s for mono in p.terms for s, _ in mono if isinstance(s, Atom)]
+    for mono in p.terms:
+        if any(not isinstance(s, Atom) and s in hypers for s, _ in mono):
+            return False  # a factor: its value merges into the coefficient
+    for a in atoms:
+        args = [x.symbols() for x in a.args]
+        if not any(x & hypers for x in args):
+            continue
+        if len(atoms) > 1 or not any(x - hypers for x in args):
+            return False  # its text orders it among the others, or it becomes a number
+        if any(x & hypers and not (len(x) == 1 and arg == Poly.sym(next(iter(x))))
+               for x, arg in zip(args, a.args)):
+            return False  # inside an argument: a sum its value changes
+    return True
+
+
+def _known(values: dict) -> dict:
+    return {k: v for k, v in values.items() if isinstance(v, Poly)}
+
+
+def _number(p: Poly, what: str) -> int:
+    c: Fraction = p.const_value()
+    if c.denominator != 1:
+        raise FgcError(f"{what}: size {format_poly(p)} is not a whole number")
+    return int(c)
+
+
+class _Sizes:
+    """Sizes in the symbolic form: whole numbers, `Number`s, texts over the run lengths and
+    `Text`s."""
+
+    def __init__(self, runs: dict[str, str]):
+        self.runs = tuple(sorted(runs.items()))
+        self.run = {s: Poly.sym(name) for s, name in runs.items()}
+
+    def value(self, d: Poly, what: str) -> int | Number:
+        return _number(d, what) if d.is_const() else Number(d, what)
+
+    def text(self, d: Poly) -> str | Text | None:
+        """A size with run lengths as a text (a `Text` when hyperparameters are in it too);
+        None when it has none."""
+        if not d.symbols() & set(self.run):
+            return None
+        if d.symbols() <= set(self.run):
+            return format_poly(d.subs(self.run))
+        return Text(d, self.runs)
+
+    def dim(self, d, what: str) -> int | str | Number | Text:
+        if not isinstance(d, Poly):
+            raise FgcError(f"{what}: a dimension of unknown rank (`...`)")
+        text = self.text(d)
+        return self.value(d, what) if text is None else text
+
+    def dims(self, t: ir.TensorType, what: str) -> list:
+        out: list = [BATCH]
+        if t.family is not None:  # an input family: one tensor, its members after the batch
+            out.append(self.value(t.family, what))
+            t = t.member()
+        return out + [self.dim(d, what) for d in t.shape]
+
+
+def _logits_of(model: ir.Model, functions: dict[str, ir.Function]) -> str | None:
+    """The single output a Softmax computes, whose input the backends also give."""
+    if len(model.outputs) != 1:
+        return None
+    name = model.outputs[0].name
+    taken = {v.name for v in model.inputs} | {name}
+    if LOGITS in taken:
+        return None
+    for item in model.body:
+        if isinstance(item, ir.Eqn) and any(o.name == name for o in item.outs):
+            if item.op == "call" and is_kind(functions.get(item.attrs["module"]), "softmax"):
+                return name
+    return None
+
+
+def signature_form(model: ir.Model, functions: dict[str, ir.Function],
+                   incremental=None) -> dict:
+    """The signature (see the module's doc) of the symbolic `model` with the incremental
+    form `incremental` (a passes.incremental.Incremental) or None, its sizes that depend on
+    hyperparameters left as `Number`s and `Text`s: what the torch module prints over its
+    `self.config`. `at` gives them values."""
+    runs = run_lengths(model, functions)
+    sizes = _Sizes(runs)
+    inputs = []
+    for v in model.inputs:
+        t = v.type
+        what = f"input `{v.name}`"
+        entry: dict = {"name": v.name, "dtype": t.dtype, "dims": sizes.dims(t, what)}
+        if t.dtype == "int":
+            entry["lo"] = sizes.value(t.lo, what)
+            entry["hi"] = sizes.value(t.hi, what)
+            top = sizes.text(t.hi)
+            if top is not None:  # a position: bounded by this run's length
+                entry["hi_run"] = top
+            entry["zero_based"] = True
+            entry["perm"] = bool(t.perm)
+        inputs.append(entry)
+    outputs = [{"name": o.name, "dtype": o.type.dtype,
+                "dims": sizes.dims(o.type, f"output `{o.name}`")} for o in model.outputs]
+    of = _logits_of(model, functions)
+    out = {
+        "inputs": inputs,
+        "outputs": outputs,
+        "logits": {"name": LOGITS, "of": of} if of is not None else None,
+        "state": dict(state_pairs(model)),
+        "max_length": {runs[s]: sizes.value(Poly.sym(s), f"run length {s}")
+                       for s in sorted(runs)},
+        "incremental": None,
+    }
+    if incremental is not None:
+        cache = []
+        for past, present, site, block, kind in incremental.cache():
+            what = f"the cache of {'.'.join(site.path)}"
+            cache.append({
+                "past": past, "present": present, "kind": kind, "block": block,
+                "layers": sizes.value(incremental.layer_count(site), what),
+                "dims": [d if isinstance(d, str) else sizes.value(d, what)
+                         for d in incremental.dims(site, kind, BATCH, PAST)]})
+        out["incremental"] = {"tokens": incremental.tokens, "length": runs[incremental.length],
+                              "past": PAST, "cache": cache}
+    return out
+
+
+def at(form, values: dict):
+    """The signature form (or a part of it) at the configuration `values` (hyperparameter ->
+    number): the plain dict, every size a number or a text."""
+    if isinstance(form, (Number, Text)):
+        return form.at(values)
+    if isinstance(form, dict):
+        return {k: at(v, values) for k, v in form.items()}
+    if isinstance(form, list):
+        return [at(v, values) for v in form]
+    return form
+
+
+def signature(model: ir.Model, functions: dict[str, ir.Function], values: dict,
+              incremental=None) -> dict:
+    """The signature (see the module's doc) of `model` at the configuration `values`
+    (hyperparameter -> number), with the incremental form `incremental` (a
+    passes.incremental.Incremental) or None: what the ONNX graph stores."""
+    return at(signature_form(model, functions, incremental), values)

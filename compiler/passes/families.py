@@ -1,0 +1,32 @@
+"""Which values carry a family axis: the members of a family equation computed together
+along one axis (the heads of multi-head attention), or one value every member reads alike.
+
+One rule per equation (`eqn_has_axis`), read by the incremental analysis (which keys and
+values are per head), the torch backend (a value's layout) and the ONNX backend (its
+roles), so that they cannot disagree about which values are per member.
+"""
+
+from __future__ import annotations
+
+from ..elaborate import ir
+from ..elaborate.ir import Eqn
+
+
+def eqn_has_axis(e: Eqn, has: list[bool], functions: dict[str, ir.Function]) -> bool:
+    """Whether the results of `e` carry a family axis, given which operands do: the one
+    rule the backends and the incremental analysis apply to each equation."""
+    if e.op == "layers":
+        return False
+    if e.op == "call":
+        callee = functions.get(e.attrs["module"])
+        singles = callee.inputs if callee is not None else []
+        # a family passed where the module takes a family is used up inside the call; one
+        # passed where it takes a single value makes one result per member
+        per_member = any(h for h, inp in zip(has, singles) if inp.type.family is None)
+        return e.family is not None or per_member
+    if e.op == "members":  # an axis of the operand becomes the family axis
+        return True
+    # a family read whole (`concat(h_1, ..., h_A)`) is joined into one value; inside a
+    # family, a value none of whose operands varies by member is one value
+    has = [h and not o.whole_family for h, o in zip(has, e.ins)]
+    return any(has) if e.ins else e.family is not None

@@ -1,0 +1,447 @@
+"""BERT, compiled by fgc from bert.fgpt (preset base).
+
+Generated code: edit the spec, not this file. Shapes in comments: B is the batch, T the
+sequence length of this call; `spec:LINE` is where the equation is written.
+"""
+
+import math
+from dataclasses import dataclass, replace
+
+import torch
+from torch import nn
+from torch.nn.functional import embedding, gelu, layer_norm
+from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+
+@dataclass(frozen=True)
+class Config:
+    """The hyperparameters of BERT (preset base).
+
+    build(Config(...)) or build(**sizes) makes another size; the sizes the spec defines
+    from others are properties that follow the fields. `fgc params SPEC --set K=V ...`
+    checks a configuration against the spec and counts its parameters.
+    """
+
+    L: int = 12  # number of layers (num_hidden_layers)
+    H: int = 768  # dimension of the residual stream (hidden_size)
+    A: int = 12  # number of attention heads (num_attention_heads)
+    V: int = 30522  # number of types in the vocabulary (vocab_size)
+    n: int = 512  # context size (max_position_embeddings)
+    eps: float = 1e-12  # LayerNorm epsilon, picked up by LN (layer_norm_eps)
+
+    @property
+    def D(self):
+        """D = H/A: dimension of queries, keys and values."""
+        return self.H // self.A
+
+    @property
+    def F(self):
+        """F = 4*H: hidden dimension of the feed-forward nets (intermediate_size)."""
+        return 4 * self.H
+
+
+# project() runs CPU float32 inference through whichever of two kernels multiplies by the
+# weight faster on this CPU: oneDNN's inner product or the default GEMM behind x @ w. The
+# winner depends on the processor (mostly oneDNN on an AMD EPYC, the GEMM on an Intel Xeon)
+# and on the shape, so the first product of each shape class (rows to a power of two, the
+# weight's shape and layout, the threads) times both, and KERNELS keeps the faster for the
+# rest of the process. ONEDNN = False takes the plain product everywhere.
+ONEDNN = True
+KERNELS = {}
+
+
+def onednn(x, w):
+    """x @ w through oneDNN's inner product, which takes the weight as (out, in)."""
+    return torch.ops.mkldnn._linear_pointwise(x, w.mT, None, "none", [], "")
+
+
+def fastest(x, w):
+    """The faster kernel for x @ w, and the product: the two alternate, each keeping its
+    best time, for up to 5 rounds while they take under 0.1 s in all; at least 2 (a
+    kernel's first call at a shape pays one-time set-up) unless the first took over 0.5 s."""
+    from time import perf_counter  # here: model.py imports torch and math only
+
+    kernels, best = (onednn, torch.matmul), [math.inf, math.inf]
+    start = perf_counter()
+    for rounds in range(1, 6):
+        for k, kernel in enumerate(kernels):
+            t0 = perf_counter()
+            out = kernel(x, w)
+            best[k] = min(best[k], perf_counter() - t0)
+        if perf_counter() - start > (0.1 if rounds > 1 else 0.5):
+            break
+    return kernels[best.index(min(best))], out
+
+
+def project(x, w):
+    """x @ w for a weight w of shape (in, out): CPU float32 inference through the faster
+    kernel (see ONEDNN); training, other devices and dtypes, and torch.compile (which
+    picks its own kernels) take the plain product."""
+    if not (ONEDNN and not torch.is_grad_enabled() and not torch.compiler.is_compiling()
+            and x.device.type == "cpu" and x.dtype == w.dtype == torch.float32 and w.shape[0]
+            and torch.backends.mkldnn.is_available()):
+        return x @ w
+    rows = x.numel() // w.shape[0]
+    key = rows.bit_length(), w.shape, w.stride(), torch.get_num_threads()
+    if key in KERNELS:
+        return KERNELS[key](x, w)
+    KERNELS[key], out = fastest(x, w)
+    return out
+
+
+class Attention(nn.Module):
+    """
+    module Attention(Q: R[m, d], K: R[n, d], V: R[n, v], Mask: R[m, n]) -> R[m, v] {
+      Attention(Q, K, V, Mask) = Softmax((Q @ K^T) / sqrt(d) + Mask) @ V
+    }
+    """
+
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, Q, K, V, Mask):
+        return sdpa(Q, K, V)  # no mask
+
+
+class MH(nn.Module):
+    """
+    module MH[A, D](X: R[n, H], Mask: R[n, n]) -> R[n, H] {
+      MH(X, Mask) = Concat(head_1, ..., head_A) @ W^O + b^O
+        where head_i = Attention(X @ W_i^Q + b_i^Q, X @ W_i^K + b_i^K, X @ W_i^V + b_i^V,
+            Mask) for i in 1..A
+      param W_i^Q: R[H, D] for i in 1..A
+      param b_i^Q: R[D] for i in 1..A = 0
+      param W_i^K: R[H, D] for i in 1..A
+      param b_i^K: R[D] for i in 1..A = 0
+      param W_i^V: R[H, D] for i in 1..A
+      param b_i^V: R[D] for i in 1..A = 0
+      param W^O: R[A * D, H]
+      param b^O: R[H] = 0
+    }
+    """
+
+    def __init__(self, A, D, H):
+        super().__init__()
+        self.A = A
+        self.D = D
+        self.H = H
+        self.W_Q = nn.Parameter(torch.empty(H, A, D))  # W_i^Q: R[H, D] for each of A
+        self.b_Q = nn.Parameter(torch.empty(A, D))  # b_i^Q: R[D] for each of A
+        self.W_K = nn.Parameter(torch.empty(H, A, D))  # W_i^K: R[H, D] for each of A
+        self.b_K = nn.Parameter(torch.empty(A, D))  # b_i^K: R[D] for each of A
+        self.W_V = nn.Parameter(torch.empty(H, A, D))  # W_i^V: R[H, D] for each of A
+        self.b_V = nn.Parameter(torch.empty(A, D))  # b_i^V: R[D] for each of A
+        self.W_O = nn.Parameter(torch.empty(A * D, H))  # W^O: R[A * D, H]
+        self.b_O = nn.Parameter(torch.empty(H,))  # b^O: R[H]
+        self.Attention = Attention()
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        nn.init.normal_(self.W_Q, std=0.02)
+        nn.init.zeros_(self.b_Q)
+        nn.init.normal_(self.W_K, std=0.02)
+        nn.init.zeros_(self.b_K)
+        nn.init.normal_(self.W_V, std=0.02)
+        nn.init.zeros_(self.b_V)
+        nn.init.normal_(self.W_O, std=0.02)
+        nn.init.zeros_(self.b_O)
+
+    def forward(self, X, Mask):
+        # (*, A, T, D)  bert.fgpt:36
+        head = self.Attention(
+            (
+                project(X, self.W_Q.flatten(-2)).unflatten(-1, (self.A, -1)).movedim(-2, -3)
+                + self.b_Q.unsqueeze(-2)
+            ),
+            (
+                project(X, self.W_K.flatten(-2)).unflatten(-1, (self.A, -1)).movedim(-2, -3)
+                + self.b_K.unsqueeze(-2)
+            ),
+            (
+                project(X, self.W_V.flatten(-2)).unflatten(-1, (self.A, -1)).movedim(-2, -3)
+                + self.b_V.unsqueeze(-2)
+            ),
+            None,
+        )
+        return project(head.movedim(-3, -2).flatten(-2), self.W_O) + self.b_O
+
+
+class LN(nn.Module):
+    """
+    module LN[eps = 1e-5](X: R[..., H]) -> R[..., H] {
+      LN(X) = gamma * (X - mu) / sqrt(sigma2 + eps) + beta
+        where mu = mean(X), sigma2 = mean((X - mu) * (X - mu))
+      param gamma: R[H] = 1, beta: R[H] = 0
+    }
+    """
+
+    def __init__(self, H, eps):
+        super().__init__()
+        self.H = H
+        self.eps = eps
+        self.gamma = nn.Parameter(torch.empty(H,))  # gamma: R[H]
+        self.beta = nn.Parameter(torch.empty(H,))  # beta: R[H]
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        nn.init.ones_(self.gamma)
+        nn.init.zeros_(self.beta)
+
+    def forward(self, X):
+        return layer_norm(X, self.gamma.shape, self.gamma, self.beta, self.eps)
+
+
+class GELU_erf(nn.Module):
+    """
+    module GELU^erf(X: R[...]) -> R[...] {
+      GELU^erf(X) = 0.5 * X * (1 + erf(X / sqrt(2)))
+    }
+    """
+
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, X):
+        return gelu(X, approximate='none')
+
+
+class FF_GELU(nn.Module):
+    """
+    module FF^GELU[F](X: R[..., H]) -> R[..., H] {
+      FF^GELU(X) = GELU^erf(X @ W_1 + b_1) @ W_2 + b_2
+      param W_1: R[H, F], b_1: R[F] = 0, W_2: R[F, H], b_2: R[H] = 0
+    }
+    """
+
+    def __init__(self, F, H):
+        super().__init__()
+        self.F = F
+        self.H = H
+        self.W_1 = nn.Parameter(torch.empty(H, F))  # W_1: R[H, F]
+        self.b_1 = nn.Parameter(torch.empty(F,))  # b_1: R[F]
+        self.W_2 = nn.Parameter(torch.empty(F, H))  # W_2: R[F, H]
+        self.b_2 = nn.Parameter(torch.empty(H,))  # b_2: R[H]
+        self.GELU_erf = GELU_erf()
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        nn.init.normal_(self.W_1, std=0.02)
+        nn.init.zeros_(self.b_1)
+        nn.init.normal_(self.W_2, std=0.02)
+        nn.init.zeros_(self.b_2)
+
+    def forward(self, X):
+        return project(self.GELU_erf(project(X, self.W_1) + self.b_1), self.W_2) + self.b_2
+
+
+class MLMTransform(nn.Module):
+    """
+    module MLMTransform[eps](X: R[..., H]) -> R[..., H] {
+      MLMTransform(X) = LayerNorm: LN(GELU^erf(X @ W + b))
+      param W: R[H, H], b: R[H] = 0
+    }
+    """
+
+    def __init__(self, H, eps):
+        super().__init__()
+        self.H = H
+        self.eps = eps
+        self.W = nn.Parameter(torch.empty(H, H))  # W: R[H, H]
+        self.b = nn.Parameter(torch.empty(H,))  # b: R[H]
+        self.GELU_erf = GELU_erf()
+        self.LayerNorm = LN(H=self.H, eps=self.eps)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        nn.init.normal_(self.W, std=0.02)
+        nn.init.zeros_(self.b)
+
+    def forward(self, X):
+        return self.LayerNorm(self.GELU_erf(project(X, self.W) + self.b))
+
+
+class BERTLayer(nn.Module):
+    """
+    One of the L layers, l = 1..L.
+    """
+
+    def __init__(self, config, l):
+        super().__init__()
+        self.l = l
+        self.attention = MH(A=config.A, D=config.D, H=config.H)
+        self.attention_LayerNorm = LN(H=config.H, eps=config.eps)
+        self.ffn = FF_GELU(F=config.F, H=config.H)
+        self.output_LayerNorm = LN(H=config.H, eps=config.eps)
+
+    def forward(self, X_prev, mask_bd):
+        # (B, T, H)  bert.fgpt:94
+        Xp_l = self.attention_LayerNorm(self.attention(X_prev, None) + X_prev)
+        X_l = self.output_LayerNorm(self.ffn(Xp_l) + Xp_l)  # (B, T, H)  bert.fgpt:95
+        return X_l
+
+
+class BERT(nn.Module):
+    """
+    model BERT {
+      hyper L,           # number of layers                       (num_hidden_layers)
+            H,           # dimension of the residual stream       (hidden_size)
+            A,           # number of attention heads              (num_attention_heads)
+            D = H / A,   # dimension of queries, keys and values
+            F = 4 * H,   # hidden dimension of the feed-forward nets (intermediate_size)
+            V = 30522,   # number of types in the vocabulary      (vocab_size)
+            n = 512,     # context size                           (max_position_embeddings)
+            eps = 1e-12  # LayerNorm epsilon, picked up by LN      (layer_norm_eps)
+
+      # the paper gives 110M and 340M; those are nearest to BertModel with its pooler
+      # (109,482,240 and 335,141,888), which the MLM model does not have
+      preset base {
+        L = 12, H = 768, A = 12
+        expect params == 109_514_298     # BertForMaskedLM, unique parameters
+      }
+      preset large {
+        L = 24, H = 1024, A = 16
+        expect params == 335_174_458
+      }
+
+      # N = VH + nH + 2H + 2H + L(4ADH + 4H + 2HF + F + H + 4H) + (H^2 + 3H) + V
+      expect params == V*H + n*H + 2*H + 2*H + L*(4*A*D*H + 4*H + 2*H*F + F + H + 4*H) +
+          H*H + 3*H + V
+
+      input x: {1..V}^n, t: {0, 1}^n, j_masked: {1..n}
+
+      param W_e: R[V, H]    # token embedding (word_embeddings), reused for the output
+          (decoder)
+      param W_p: R[n, H]    # learned positions (position_embeddings)
+      param W_t: R[2, H]    # token types (token_type_embeddings)
+      param b: R[V] = 0         # output bias (cls.predictions.bias)
+
+      X^(0) = embeddings_LayerNorm: LN(OneHot(x) @ W_e + W_p + OneHot(t) @ W_t)
+
+      layers l in 1..L {
+        X'^(l) = attention_LayerNorm: LN(attention: MH(X^(l-1), Mask^BD) + X^(l-1))
+        X^(l) = output_LayerNorm: LN(ffn: FF^GELU(X'^(l)) + X'^(l))
+      }
+
+      output BERT = Softmax(transform: MLMTransform(X^(L)[j_masked, :]) @ W_e^T + b)
+
+      # The tensors of BertForMaskedLM / the public bert-*-uncased checkpoints. nn.Linear
+          stores
+      # [out, in], so every weight is transposed to the X @ W written here; query, key and
+          value
+      # are separate layers, each split into A heads of D. The cls.* head has no `bert.`
+          prefix.
+      checkpoint {
+        prefix "bert."
+        W_e = "embeddings.word_embeddings.weight"
+        W_p = "embeddings.position_embeddings.weight"
+        W_t = "embeddings.token_type_embeddings.weight"
+        embeddings_LayerNorm.gamma = "embeddings.LayerNorm.weight"
+        embeddings_LayerNorm.beta = "embeddings.LayerNorm.bias"
+        layers {
+          attention.W^Q = "encoder.layer.{l}.attention.self.query.weight" | transpose |
+              heads(2)
+          attention.b^Q = "encoder.layer.{l}.attention.self.query.bias" | heads(1)
+          attention.W^K = "encoder.layer.{l}.attention.self.key.weight" | transpose |
+              heads(2)
+          attention.b^K = "encoder.layer.{l}.attention.self.key.bias" | heads(1)
+          attention.W^V = "encoder.layer.{l}.attention.self.value.weight" | transpose |
+              heads(2)
+          attention.b^V = "encoder.layer.{l}.attention.self.value.bias" | heads(1)
+          attention.W^O = "encoder.layer.{l}.attention.output.dense.weight" | transpose
+          attention.b^O = "encoder.layer.{l}.attention.output.dense.bias"
+          attention_LayerNorm.gamma = "encoder.layer.{l}.attention.output.LayerNorm.weight"
+          attention_LayerNorm.beta = "encoder.layer.{l}.attention.output.LayerNorm.bias"
+          ffn.W_1 = "encoder.layer.{l}.intermediate.dense.weight" | transpose
+          ffn.b_1 = "encoder.layer.{l}.intermediate.dense.bias"
+          ffn.W_2 = "encoder.layer.{l}.output.dense.weight" | transpose
+          ffn.b_2 = "encoder.layer.{l}.output.dense.bias"
+          output_LayerNorm.gamma = "encoder.layer.{l}.output.LayerNorm.weight"
+          output_LayerNorm.beta = "encoder.layer.{l}.output.LayerNorm.bias"
+        }
+        transform.W = "cls.predictions.transform.dense.weight" | transpose
+        transform.b = "cls.predictions.transform.dense.bias"
+        transform.LayerNorm.gamma = "cls.predictions.transform.LayerNorm.weight"
+        transform.LayerNorm.beta = "cls.predictions.transform.LayerNorm.bias"
+        b = "cls.predictions.bias"
+        # the decoder is tied to word_embeddings.weight and cls.predictions.bias
+        ignore "cls.predictions.decoder.weight", "cls.predictions.decoder.bias"
+        ignore "embeddings.position_ids", "embeddings.token_type_ids"   # buffers
+        # in the public files, not in BertForMaskedLM: the pooler and the next-sentence head
+        ignore "pooler.dense.weight", "pooler.dense.bias"
+        ignore "cls.seq_relationship.weight", "cls.seq_relationship.bias"
+      }
+    }
+    """
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.W_e = nn.Parameter(torch.empty(config.V, config.H))  # W_e: R[V, H]
+        self.W_p = nn.Parameter(torch.empty(config.n, config.H))  # W_p: R[n, H]
+        self.W_t = nn.Parameter(torch.empty(2, config.H))  # W_t: R[2, H]
+        self.b = nn.Parameter(torch.empty(config.V,))  # b: R[V]
+        self.layers = nn.ModuleList(BERTLayer(config, l) for l in range(1, config.L + 1))
+        self.embeddings_LayerNorm = LN(H=config.H, eps=config.eps)
+        self.transform = MLMTransform(H=config.H, eps=config.eps)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        nn.init.normal_(self.W_e, std=0.02)
+        nn.init.normal_(self.W_p, std=0.02)
+        nn.init.normal_(self.W_t, std=0.02)
+        nn.init.zeros_(self.b)
+
+    def logits(self, x, t, j_masked):
+        T = x.shape[1]  # this call's sequence length
+        assert T <= self.config.n, (
+            f"sequence of {T} tokens; "
+            f"the model takes at most {self.config.n}"
+        )
+        # (B, T, H)  bert.fgpt:91
+        X_0 = self.embeddings_LayerNorm(
+            embedding(x, self.W_e) + self.W_p[:T] + embedding(t, self.W_t),
+        )
+        mask_bd = None  # Mask^BD: attention runs without a mask  bert.fgpt:94
+        X_L = X_0
+        for layer in self.layers:  # L layers
+            X_L = layer(X_L, mask_bd)
+        return (
+            project(
+                self.transform(X_L[torch.arange(X_L.shape[0], device=X_L.device), j_masked, :]),
+                self.W_e.mT,
+            )
+            + self.b
+        )
+
+    def forward(self, x, t, j_masked):
+        """BERT: the probabilities, Softmax(logits)."""
+        return torch.softmax(self.logits(x, t, j_masked), dim=-1)
+
+    def signature(self):
+        """Inputs (with their dims: the batch, run lengths) and outputs in order,
+        the outputs a caller feeds back as inputs at the next call, and what
+        step() keeps (read by runtime.run_segments and runtime.generate), at
+        this module's config; at the compiled one, the ONNX graph's metadata
+        `fgc.signature` holds the same."""
+        return {
+            "inputs": [
+                {"name": "x", "dtype": "int", "dims": ["batch", "T"], "lo": 1,
+                 "hi": self.config.V, "zero_based": True, "perm": False},
+                {"name": "t", "dtype": "int", "dims": ["batch", "T"], "lo": 0, "hi": 1,
+                 "zero_based": True, "perm": False},
+                {"name": "j_masked", "dtype": "int", "dims": ["batch"], "lo": 1,
+                 "hi": self.config.n, "hi_run": "T", "zero_based": True, "perm": False},
+            ],
+            "outputs": [{"name": "BERT", "dtype": "real", "dims": ["batch", self.config.V]}],
+            "logits": {"name": "logits", "of": "BERT"},
+            "state": {},
+            "max_length": {"T": self.config.n},
+            "incremental": None,
+        }
+
+
+def build(config: Config | None = None, *, device=None, dtype=None, **sizes):
+    """The model at `config` (Config() when None) with any `sizes` replaced, build(L=2),
+    and freshly initialised parameters."""
+    config = replace(config or Config(), **sizes)
+    return BERT(config).to(device=device, dtype=dtype)

@@ -1,0 +1,451 @@
+"""GPT2, compiled by fgc from gpt2.fgpt (preset small).
+
+Generated code: edit the spec, not this file. Shapes in comments: B is the batch, T the
+sequence length of this call; `spec:LINE` is where the equation is written.
+"""
+
+import math
+from dataclasses import dataclass, replace
+
+import torch
+from torch import nn
+from torch.nn.functional import embedding, gelu, layer_norm
+from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+
+@dataclass(frozen=True)
+class Config:
+    """The hyperparameters of GPT2 (preset small).
+
+    build(Config(...)) or build(**sizes) makes another size; the sizes the spec defines
+    from others are properties that follow the fields. `fgc params SPEC --set K=V ...`
+    checks a configuration against the spec and counts its parameters.
+    """
+
+    L: int = 12  # number of layers (n_layer)
+    H: int = 768  # dimension of the residual stream (n_embd)
+    A: int = 12  # number of attention heads (n_head)
+    V: int = 50257  # number of types in the vocabulary (vocab_size)
+    n: int = 1024  # context size (n_positions)
+    eps: float = 1e-05  # LayerNorm epsilon, picked up by LN (layer_norm_epsilon)
+
+    @property
+    def D(self):
+        """D = H/A: dimension of queries, keys and values."""
+        return self.H // self.A
+
+    @property
+    def F(self):
+        """F = 4*H: hidden dimension of the feed-forward nets (n_inner = None)."""
+        return 4 * self.H
+
+
+def causal_mask(rows, cols, device=None):
+    """Mask^AR as a tensor: 0 where column <= row, -inf above the diagonal (aligned to the
+    last column when there are more columns than rows: cached keys come first)."""
+    full = torch.full((rows, cols), -math.inf, device=device)
+    return torch.triu(full, diagonal=cols - rows + 1)
+
+
+# project() runs CPU float32 inference through whichever of two kernels multiplies by the
+# weight faster on this CPU: oneDNN's inner product or the default GEMM behind x @ w. The
+# winner depends on the processor (mostly oneDNN on an AMD EPYC, the GEMM on an Intel Xeon)
+# and on the shape, so the first product of each shape class (rows to a power of two, the
+# weight's shape and layout, the threads) times both, and KERNELS keeps the faster for the
+# rest of the process. ONEDNN = False takes the plain product everywhere.
+ONEDNN = True
+KERNELS = {}
+
+
+def onednn(x, w):
+    """x @ w through oneDNN's inner product, which takes the weight as (out, in)."""
+    return torch.ops.mkldnn._linear_pointwise(x, w.mT, None, "none", [], "")
+
+
+def fastest(x, w):
+    """The faster kernel for x @ w, and the product: the two alternate, each keeping its
+    best time, for up to 5 rounds while they take under 0.1 s in all; at least 2 (a
+    kernel's first call at a shape pays one-time set-up) unless the first took over 0.5 s."""
+    from time import perf_counter  # here: model.py imports torch and math only
+
+    kernels, best = (onednn, torch.matmul), [math.inf, math.inf]
+    start = perf_counter()
+    for rounds in range(1, 6):
+        for k, kernel in enumerate(kernels):
+            t0 = perf_counter()
+            out = kernel(x, w)
+            best[k] = min(best[k], perf_counter() - t0)
+        if perf_counter() - start > (0.1 if rounds > 1 else 0.5):
+            break
+    return kernels[best.index(min(best))], out
+
+
+def project(x, w):
+    """x @ w for a weight w of shape (in, out): CPU float32 inference through the faster
+    kernel (see ONEDNN); training, other devices and dtypes, and torch.compile (which
+    picks its own kernels) take the plain product."""
+    if not (ONEDNN and not torch.is_grad_enabled() and not torch.compiler.is_compiling()
+            and x.device.type == "cpu" and x.dtype == w.dtype == torch.float32 and w.shape[0]
+            and torch.backends.mkldnn.is_available()):
+        return x @ w
+    rows = x.numel() // w.shape[0]
+    key = rows.bit_length(), w.shape, w.stride(), torch.get_num_threads()
+    if key in KERNELS:
+        return KERNELS[key](x, w)
+    KERNELS[key], out = fastest(x, w)
+    return out
+
+
+class LN(nn.Module):
+    """
+    module LN[eps = 1e-5](X: R[..., H]) -> R[..., H] {
+      LN(X) = gamma * (X - mu) / sqrt(sigma2 + eps) + beta
+        where mu = mean(X), sigma2 = mean((X - mu) * (X - mu))
+      param gamma: R[H] = 1, beta: R[H] = 0
+    }
+    """
+
+    def __init__(self, H, eps):
+        super().__init__()
+        self.H = H
+        self.eps = eps
+        self.gamma = nn.Parameter(torch.empty(H,))  # gamma: R[H]
+        self.beta = nn.Parameter(torch.empty(H,))  # beta: R[H]
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        nn.init.ones_(self.gamma)
+        nn.init.zeros_(self.beta)
+
+    def forward(self, X):
+        return layer_norm(X, self.gamma.shape, self.gamma, self.beta, self.eps)
+
+
+class Attention(nn.Module):
+    """
+    module Attention(Q: R[m, d], K: R[n, d], V: R[n, v], Mask: R[m, n]) -> R[m, v] {
+      Attention(Q, K, V, Mask) = Softmax((Q @ K^T) / sqrt(d) + Mask) @ V
+    }
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.cache = None  # step(): keys and values, (B, A, P, D) each
+
+    def forward(self, Q, K, V, Mask):
+        if self.cache is not None:  # step(): the earlier positions' keys first
+            if self.cache:
+                K = torch.cat([self.cache[0], K], dim=-2)
+                V = torch.cat([self.cache[1], V], dim=-2)
+            self.cache = (K, V)
+        if Q.shape[-2] == K.shape[-2]:
+            return sdpa(Q, K, V, is_causal=True)  # Mask^AR
+        if Q.shape[-2] == 1:  # the newest position sees every key
+            return sdpa(Q, K, V)
+        # Mask^AR aligned to the keys' end
+        Mask = causal_mask(Q.shape[-2], K.shape[-2], Q.device).to(Q.dtype)
+        return sdpa(Q, K, V, attn_mask=Mask)
+
+
+class MH(nn.Module):
+    """
+    module MH[A, D](X: R[n, H], Mask: R[n, n]) -> R[n, H] {
+      MH(X, Mask) = Concat(head_1, ..., head_A) @ W^O + b^O
+        where head_i = Attention(X @ W_i^Q + b_i^Q, X @ W_i^K + b_i^K, X @ W_i^V + b_i^V,
+            Mask) for i in 1..A
+      param W_i^Q: R[H, D] for i in 1..A
+      param b_i^Q: R[D] for i in 1..A = 0
+      param W_i^K: R[H, D] for i in 1..A
+      param b_i^K: R[D] for i in 1..A = 0
+      param W_i^V: R[H, D] for i in 1..A
+      param b_i^V: R[D] for i in 1..A = 0
+      param W^O: R[A * D, H]
+      param b^O: R[H] = 0
+    }
+    """
+
+    def __init__(self, A, D, H):
+        super().__init__()
+        self.A = A
+        self.D = D
+        self.H = H
+        self.W_Q = nn.Parameter(torch.empty(H, A, D))  # W_i^Q: R[H, D] for each of A
+        self.b_Q = nn.Parameter(torch.empty(A, D))  # b_i^Q: R[D] for each of A
+        self.W_K = nn.Parameter(torch.empty(H, A, D))  # W_i^K: R[H, D] for each of A
+        self.b_K = nn.Parameter(torch.empty(A, D))  # b_i^K: R[D] for each of A
+        self.W_V = nn.Parameter(torch.empty(H, A, D))  # W_i^V: R[H, D] for each of A
+        self.b_V = nn.Parameter(torch.empty(A, D))  # b_i^V: R[D] for each of A
+        self.W_O = nn.Parameter(torch.empty(A * D, H))  # W^O: R[A * D, H]
+        self.b_O = nn.Parameter(torch.empty(H,))  # b^O: R[H]
+        self.Attention = Attention()
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        nn.init.normal_(self.W_Q, std=0.02)
+        nn.init.zeros_(self.b_Q)
+        nn.init.normal_(self.W_K, std=0.02)
+        nn.init.zeros_(self.b_K)
+        nn.init.normal_(self.W_V, std=0.02)
+        nn.init.zeros_(self.b_V)
+        nn.init.normal_(self.W_O, std=0.02)
+        nn.init.zeros_(self.b_O)
+
+    def forward(self, X, Mask):
+        # (*, A, T, D)  gpt2.fgpt:26
+        head = self.Attention(
+            (
+                project(X, self.W_Q.flatten(-2)).unflatten(-1, (self.A, -1)).movedim(-2, -3)
+                + self.b_Q.unsqueeze(-2)
+            ),
+            (
+                project(X, self.W_K.flatten(-2)).unflatten(-1, (self.A, -1)).movedim(-2, -3)
+                + self.b_K.unsqueeze(-2)
+            ),
+            (
+                project(X, self.W_V.flatten(-2)).unflatten(-1, (self.A, -1)).movedim(-2, -3)
+                + self.b_V.unsqueeze(-2)
+            ),
+            None,
+        )
+        return project(head.movedim(-3, -2).flatten(-2), self.W_O) + self.b_O
+
+
+class GELU_tanh(nn.Module):
+    """
+    module GELU^tanh(X: R[...]) -> R[...] {
+      GELU^tanh(X) = 0.5 * X * (1 + tanh(sqrt(2 / pi) * (X + 0.044715 * X * X * X)))
+    }
+    """
+
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, X):
+        return gelu(X, approximate='tanh')
+
+
+class FF_GELU(nn.Module):
+    """
+    module FF^GELU[F](X: R[..., H]) -> R[..., H] {
+      FF^GELU(X) = GELU^tanh(X @ W_1 + b_1) @ W_2 + b_2
+      param W_1: R[H, F], b_1: R[F] = 0, W_2: R[F, H], b_2: R[H] = 0
+    }
+    """
+
+    def __init__(self, F, H):
+        super().__init__()
+        self.F = F
+        self.H = H
+        self.W_1 = nn.Parameter(torch.empty(H, F))  # W_1: R[H, F]
+        self.b_1 = nn.Parameter(torch.empty(F,))  # b_1: R[F]
+        self.W_2 = nn.Parameter(torch.empty(F, H))  # W_2: R[F, H]
+        self.b_2 = nn.Parameter(torch.empty(H,))  # b_2: R[H]
+        self.GELU_tanh = GELU_tanh()
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        nn.init.normal_(self.W_1, std=0.02)
+        nn.init.zeros_(self.b_1)
+        nn.init.normal_(self.W_2, std=0.02)
+        nn.init.zeros_(self.b_2)
+
+    def forward(self, X):
+        return project(self.GELU_tanh(project(X, self.W_1) + self.b_1), self.W_2) + self.b_2
+
+
+class GPT2Layer(nn.Module):
+    """
+    One of the L layers, l = 1..L.
+    """
+
+    def __init__(self, config, l):
+        super().__init__()
+        self.l = l
+        self.ln_1 = LN(H=config.H, eps=config.eps)
+        self.attn = MH(A=config.A, D=config.D, H=config.H)
+        self.ln_2 = LN(H=config.H, eps=config.eps)
+        self.mlp = FF_GELU(F=config.F, H=config.H)
+
+    def forward(self, H_prev, mask_ar):
+        Hhat_l = self.attn(self.ln_1(H_prev), None) + H_prev  # (B, T, H)  gpt2.fgpt:83
+        H_l = self.mlp(self.ln_2(Hhat_l)) + Hhat_l  # (B, T, H)  gpt2.fgpt:84
+        return H_l
+
+
+class GPT2(nn.Module):
+    """
+    model GPT2 {
+      hyper L,           # number of layers                       (n_layer)
+            H,           # dimension of the residual stream       (n_embd)
+            A,           # number of attention heads              (n_head)
+            D = H / A,   # dimension of queries, keys and values
+            F = 4 * H,   # hidden dimension of the feed-forward nets (n_inner = None)
+            V = 50257,   # number of types in the vocabulary      (vocab_size)
+            n = 1024,    # context size                           (n_positions)
+            eps = 1e-5   # LayerNorm epsilon, picked up by LN      (layer_norm_epsilon)
+
+      # the paper's Table 2 gives 117M, 345M, 762M and 1542M; the released checkpoints have
+          the
+      # exact counts below (124.4M, 354.8M, 774.0M, 1557.6M)
+      preset small {
+        L = 12, H = 768, A = 12
+        expect params == 124_439_808     # GPT2LMHeadModel, unique parameters
+      }
+      preset medium {
+        L = 24, H = 1024, A = 16
+        expect params == 354_823_168
+      }
+      preset large {
+        L = 36, H = 1280, A = 20
+        expect params == 774_030_080
+      }
+      preset xl {
+        L = 48, H = 1600, A = 25
+        expect params == 1_557_611_200
+      }
+
+      # N = VH + nH + L(4ADH + 4H + 2HF + F + H + 4H) + 2H: attention biases and ln_f added
+          to the formal count
+      expect params == V*H + n*H + L*(4*A*D*H + 4*H + 2*H*F + F + H + 4*H) + 2*H
+
+      input x: {1..V}^n
+
+      param W_e: R[V, H]    # token embedding (wte), reused for the output (lm_head)
+      param W_p: R[n, H]    # learned positions (wpe)
+
+      H^(0) = OneHot(x) @ W_e + W_p
+
+      layers l in 1..L {
+        Hhat^(l) = attn: MH(ln_1: LN(H^(l-1)), Mask^AR) + H^(l-1)
+        H^(l) = mlp: FF^GELU(ln_2: LN(Hhat^(l))) + Hhat^(l)
+      }
+
+      Hf = ln_f: LN(H^(L))
+
+      output GPT = Softmax(Hf @ W_e^T)
+
+      # The tensors of GPT2LMHeadModel / the public gpt2 checkpoints. Conv1D stores [in,
+          out],
+      # which is the orientation of X @ W here; c_attn holds W^Q | W^K | W^V side by side.
+      checkpoint {
+        prefix "transformer."
+        W_e = "wte.weight"
+        W_p = "wpe.weight"
+        ln_f.gamma = "ln_f.weight"
+        ln_f.beta = "ln_f.bias"
+        layers {
+          ln_1.gamma = "h.{l}.ln_1.weight"
+          ln_1.beta = "h.{l}.ln_1.bias"
+          attn.W^Q = "h.{l}.attn.c_attn.weight" | split(2, 3, 1) | heads(2)
+          attn.W^K = "h.{l}.attn.c_attn.weight" | split(2, 3, 2) | heads(2)
+          attn.W^V = "h.{l}.attn.c_attn.weight" | split(2, 3, 3) | heads(2)
+          attn.b^Q = "h.{l}.attn.c_attn.bias" | split(1, 3, 1) | heads(1)
+          attn.b^K = "h.{l}.attn.c_attn.bias" | split(1, 3, 2) | heads(1)
+          attn.b^V = "h.{l}.attn.c_attn.bias" | split(1, 3, 3) | heads(1)
+          attn.W^O = "h.{l}.attn.c_proj.weight"
+          attn.b^O = "h.{l}.attn.c_proj.bias"
+          ln_2.gamma = "h.{l}.ln_2.weight"
+          ln_2.beta = "h.{l}.ln_2.bias"
+          mlp.W_1 = "h.{l}.mlp.c_fc.weight"
+          mlp.b_1 = "h.{l}.mlp.c_fc.bias"
+          mlp.W_2 = "h.{l}.mlp.c_proj.weight"
+          mlp.b_2 = "h.{l}.mlp.c_proj.bias"
+          ignore "h.{l}.attn.bias", "h.{l}.attn.masked_bias"   # causal-mask buffers
+        }
+        ignore "lm_head.weight"   # the same tensor as wte.weight
+      }
+    }
+    """
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.W_e = nn.Parameter(torch.empty(config.V, config.H))  # W_e: R[V, H]
+        self.W_p = nn.Parameter(torch.empty(config.n, config.H))  # W_p: R[n, H]
+        self.layers = nn.ModuleList(GPT2Layer(config, l) for l in range(1, config.L + 1))
+        self.ln_f = LN(H=config.H, eps=config.eps)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        nn.init.normal_(self.W_e, std=0.02)
+        nn.init.normal_(self.W_p, std=0.02)
+
+    def logits(self, x, *, start=0):
+        T = x.shape[1]  # this call's sequence length
+        assert start + T <= self.config.n, (
+            f"positions up to {start + T}; "
+            f"the model takes at most {self.config.n}"
+        )
+        H_0 = embedding(x, self.W_e) + self.W_p[start:start + T]  # (B, T, H)  gpt2.fgpt:80
+        mask_ar = None  # Mask^AR: attention runs is_causal  gpt2.fgpt:83
+        H_L = H_0
+        for layer in self.layers:  # L layers
+            H_L = layer(H_L, mask_ar)
+        Hf = self.ln_f(H_L)  # (B, T, H)  gpt2.fgpt:87
+        return project(Hf, self.W_e.mT)
+
+    def forward(self, x):
+        """GPT: the probabilities, Softmax(logits)."""
+        return torch.softmax(self.logits(x), dim=-1)
+
+    def signature(self):
+        """Inputs (with their dims: the batch, run lengths) and outputs in order,
+        the outputs a caller feeds back as inputs at the next call, and what
+        step() keeps (read by runtime.run_segments and runtime.generate), at
+        this module's config; at the compiled one, the ONNX graph's metadata
+        `fgc.signature` holds the same."""
+        return {
+            "inputs": [
+                {"name": "x", "dtype": "int", "dims": ["batch", "T"], "lo": 1,
+                 "hi": self.config.V, "zero_based": True, "perm": False},
+            ],
+            "outputs": [{"name": "GPT", "dtype": "real", "dims": ["batch", "T", self.config.V]}],
+            "logits": {"name": "logits", "of": "GPT"},
+            "state": {},
+            "max_length": {"T": self.config.n},
+            "incremental": {
+                "tokens": "x",
+                "length": "T",
+                "past": "past",
+                "cache": [
+                    {"past": "past.{l}.key", "present": "present.{l}.key", "kind": "key",
+                     "block": 1, "layers": self.config.L,
+                     "dims": ["batch", self.config.A, "past", self.config.D]},
+                    {"past": "past.{l}.value", "present": "present.{l}.value", "kind": "value",
+                     "block": 1, "layers": self.config.L,
+                     "dims": ["batch", self.config.A, "past", self.config.D]},
+                ],
+            },
+        }
+
+    def cache_sites(self):
+        """The attentions whose keys and values step() keeps, in the order of its
+        `past`: layer by layer."""
+        return [layer.attn.Attention for layer in self.layers]
+
+    def step(self, x, past=None):
+        """The incremental form. The tokens are those at the positions after the P
+        that `past` holds the keys and values of: one (key, value) pair per
+        attention of cache_sites(), each (B, A, P, D); None when there are none
+        yet (the prefill form). Returns the logits of the new positions and the
+        present: the pairs extended by them (P + T positions), the next call's
+        `past`."""
+        sites = self.cache_sites()
+        if past is not None and len(past) != len(sites):
+            raise ValueError(f"past holds {len(past)} key/value pairs; the "
+                             f"model keeps {len(sites)}")
+        start = past[0][0].shape[-2] if past else 0
+        for site, kv in zip(sites, past or [()] * len(sites)):
+            site.cache = kv
+        try:
+            return self.logits(x, start=start), [site.cache for site in sites]
+        finally:
+            for site in sites:
+                site.cache = None
+
+
+def build(config: Config | None = None, *, device=None, dtype=None, **sizes):
+    """The model at `config` (Config() when None) with any `sizes` replaced, build(L=2),
+    and freshly initialised parameters."""
+    config = replace(config or Config(), **sizes)
+    return GPT2(config).to(device=device, dtype=dtype)

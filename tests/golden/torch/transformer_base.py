@@ -1,0 +1,634 @@
+"""Transformer, compiled by fgc from transformer.fgpt (preset base).
+
+Generated code: edit the spec, not this file. Shapes in comments: B is the batch, T the
+sequence length of this call; `spec:LINE` is where the equation is written.
+"""
+
+import math
+from dataclasses import dataclass, replace
+
+import torch
+from torch import nn
+from torch.nn.functional import embedding, layer_norm
+from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+
+@dataclass(frozen=True)
+class Config:
+    """The hyperparameters of Transformer (preset base).
+
+    build(Config(...)) or build(**sizes) makes another size; the sizes the spec defines
+    from others are properties that follow the fields. `fgc params SPEC --set K=V ...`
+    checks a configuration against the spec and counts its parameters.
+    """
+
+    L: int = 6  # layers in each stack (num_encoder_layers = num_decoder_layers)
+    H: int = 512  # dimension of the residual stream (d_model)
+    A: int = 8  # attention heads (nhead)
+    V: int = 37000  # shared source-target vocabulary
+    n: int = 512  # longest source
+    m: int = 512  # longest target
+    eps: float = 1e-05  # LayerNorm epsilon, picked up by LN (layer_norm_eps)
+
+    @property
+    def D(self):
+        """D = H/A: dimension of queries, keys and values."""
+        return self.H // self.A
+
+    @property
+    def F(self):
+        """F = 4*H: hidden dimension of the feed-forward nets (dim_feedforward)."""
+        return 4 * self.H
+
+
+def causal_mask(rows, cols, device=None):
+    """Mask^AR as a tensor: 0 where column <= row, -inf above the diagonal (aligned to the
+    last column when there are more columns than rows: cached keys come first)."""
+    full = torch.full((rows, cols), -math.inf, device=device)
+    return torch.triu(full, diagonal=cols - rows + 1)
+
+
+# project() runs CPU float32 inference through whichever of two kernels multiplies by the
+# weight faster on this CPU: oneDNN's inner product or the default GEMM behind x @ w. The
+# winner depends on the processor (mostly oneDNN on an AMD EPYC, the GEMM on an Intel Xeon)
+# and on the shape, so the first product of each shape class (rows to a power of two, the
+# weight's shape and layout, the threads) times both, and KERNELS keeps the faster for the
+# rest of the process. ONEDNN = False takes the plain product everywhere.
+ONEDNN = True
+KERNELS = {}
+
+
+def onednn(x, w):
+    """x @ w through oneDNN's inner product, which takes the weight as (out, in)."""
+    return torch.ops.mkldnn._linear_pointwise(x, w.mT, None, "none", [], "")
+
+
+def fastest(x, w):
+    """The faster kernel for x @ w, and the product: the two alternate, each keeping its
+    best time, for up to 5 rounds while they take under 0.1 s in all; at least 2 (a
+    kernel's first call at a shape pays one-time set-up) unless the first took over 0.5 s."""
+    from time import perf_counter  # here: model.py imports torch and math only
+
+    kernels, best = (onednn, torch.matmul), [math.inf, math.inf]
+    start = perf_counter()
+    for rounds in range(1, 6):
+        for k, kernel in enumerate(kernels):
+            t0 = perf_counter()
+            out = kernel(x, w)
+            best[k] = min(best[k], perf_counter() - t0)
+        if perf_counter() - start > (0.1 if rounds > 1 else 0.5):
+            break
+    return kernels[best.index(min(best))], out
+
+
+def project(x, w):
+    """x @ w for a weight w of shape (in, out): CPU float32 inference through the faster
+    kernel (see ONEDNN); training, other devices and dtypes, and torch.compile (which
+    picks its own kernels) take the plain product."""
+    if not (ONEDNN and not torch.is_grad_enabled() and not torch.compiler.is_compiling()
+            and x.device.type == "cpu" and x.dtype == w.dtype == torch.float32 and w.shape[0]
+            and torch.backends.mkldnn.is_available()):
+        return x @ w
+    rows = x.numel() // w.shape[0]
+    key = rows.bit_length(), w.shape, w.stride(), torch.get_num_threads()
+    if key in KERNELS:
+        return KERNELS[key](x, w)
+    KERNELS[key], out = fastest(x, w)
+    return out
+
+
+class Attention(nn.Module):
+    """
+    module Attention(Q: R[m, d], K: R[n, d], V: R[n, v], Mask: R[m, n]) -> R[m, v] {
+      Attention(Q, K, V, Mask) = Softmax((Q @ K^T) / sqrt(d) + Mask) @ V
+    }
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.cache = None  # step(): keys and values, (B, A, P, D) each
+
+    def forward(self, Q, K, V, Mask):
+        if self.cache is not None:  # step(): the earlier positions' keys first
+            if self.cache:
+                K = torch.cat([self.cache[0], K], dim=-2)
+                V = torch.cat([self.cache[1], V], dim=-2)
+            self.cache = (K, V)
+        return sdpa(Q, K, V, attn_mask=Mask)  # scale 1/sqrt(d) is sdpa's default
+
+
+class MH(nn.Module):
+    """
+    module MH[A, D](X: R[n, H], Mask: R[n, n]) -> R[n, H] {
+      MH(X, Mask) = Concat(head_1, ..., head_A) @ W^O + b^O
+        where head_i = Attention(X @ W_i^Q + b_i^Q, X @ W_i^K + b_i^K, X @ W_i^V + b_i^V,
+            Mask) for i in 1..A
+      param W_i^Q: R[H, D] for i in 1..A
+      param b_i^Q: R[D] for i in 1..A = 0
+      param W_i^K: R[H, D] for i in 1..A
+      param b_i^K: R[D] for i in 1..A = 0
+      param W_i^V: R[H, D] for i in 1..A
+      param b_i^V: R[D] for i in 1..A = 0
+      param W^O: R[A * D, H]
+      param b^O: R[H] = 0
+    }
+    """
+
+    def __init__(self, A, D, H):
+        super().__init__()
+        self.A = A
+        self.D = D
+        self.H = H
+        self.W_Q = nn.Parameter(torch.empty(H, A, D))  # W_i^Q: R[H, D] for each of A
+        self.b_Q = nn.Parameter(torch.empty(A, D))  # b_i^Q: R[D] for each of A
+        self.W_K = nn.Parameter(torch.empty(H, A, D))  # W_i^K: R[H, D] for each of A
+        self.b_K = nn.Parameter(torch.empty(A, D))  # b_i^K: R[D] for each of A
+        self.W_V = nn.Parameter(torch.empty(H, A, D))  # W_i^V: R[H, D] for each of A
+        self.b_V = nn.Parameter(torch.empty(A, D))  # b_i^V: R[D] for each of A
+        self.W_O = nn.Parameter(torch.empty(A * D, H))  # W^O: R[A * D, H]
+        self.b_O = nn.Parameter(torch.empty(H,))  # b^O: R[H]
+        self.Attention = Attention()
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        nn.init.normal_(self.W_Q, std=0.02)
+        nn.init.zeros_(self.b_Q)
+        nn.init.normal_(self.W_K, std=0.02)
+        nn.init.zeros_(self.b_K)
+        nn.init.normal_(self.W_V, std=0.02)
+        nn.init.zeros_(self.b_V)
+        nn.init.normal_(self.W_O, std=0.02)
+        nn.init.zeros_(self.b_O)
+
+    def forward(self, X, Mask):
+        # (*, A, n, D)  transformer.fgpt:46
+        head = self.Attention(
+            (
+                project(X, self.W_Q.flatten(-2)).unflatten(-1, (self.A, -1)).movedim(-2, -3)
+                + self.b_Q.unsqueeze(-2)
+            ),
+            (
+                project(X, self.W_K.flatten(-2)).unflatten(-1, (self.A, -1)).movedim(-2, -3)
+                + self.b_K.unsqueeze(-2)
+            ),
+            (
+                project(X, self.W_V.flatten(-2)).unflatten(-1, (self.A, -1)).movedim(-2, -3)
+                + self.b_V.unsqueeze(-2)
+            ),
+            Mask.unsqueeze(-3),
+        )
+        return project(head.movedim(-3, -2).flatten(-2), self.W_O) + self.b_O
+
+
+class LN(nn.Module):
+    """
+    module LN[eps = 1e-5](X: R[..., H]) -> R[..., H] {
+      LN(X) = gamma * (X - mu) / sqrt(sigma2 + eps) + beta
+        where mu = mean(X), sigma2 = mean((X - mu) * (X - mu))
+      param gamma: R[H] = 1, beta: R[H] = 0
+    }
+    """
+
+    def __init__(self, H, eps):
+        super().__init__()
+        self.H = H
+        self.eps = eps
+        self.gamma = nn.Parameter(torch.empty(H,))  # gamma: R[H]
+        self.beta = nn.Parameter(torch.empty(H,))  # beta: R[H]
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        nn.init.ones_(self.gamma)
+        nn.init.zeros_(self.beta)
+
+    def forward(self, X):
+        return layer_norm(X, self.gamma.shape, self.gamma, self.beta, self.eps)
+
+
+class FF_ReLU(nn.Module):
+    """
+    module FF^ReLU[F](X: R[..., H]) -> R[..., H] {
+      FF^ReLU(X) = max(0, X @ W_1 + b_1) @ W_2 + b_2
+      param W_1: R[H, F], b_1: R[F] = 0, W_2: R[F, H], b_2: R[H] = 0
+    }
+    """
+
+    def __init__(self, F, H):
+        super().__init__()
+        self.F = F
+        self.H = H
+        self.W_1 = nn.Parameter(torch.empty(H, F))  # W_1: R[H, F]
+        self.b_1 = nn.Parameter(torch.empty(F,))  # b_1: R[F]
+        self.W_2 = nn.Parameter(torch.empty(F, H))  # W_2: R[F, H]
+        self.b_2 = nn.Parameter(torch.empty(H,))  # b_2: R[H]
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        nn.init.normal_(self.W_1, std=0.02)
+        nn.init.zeros_(self.b_1)
+        nn.init.normal_(self.W_2, std=0.02)
+        nn.init.zeros_(self.b_2)
+
+    def forward(self, X):
+        return project((project(X, self.W_1) + self.b_1).clamp(min=0), self.W_2) + self.b_2
+
+
+class MHA(nn.Module):
+    """
+    module MHA[A, D](X^Q: R[m, H], X^K: R[n, H], X^V: R[n, H], Mask: R[m, n]) -> R[m, H] {
+      MHA(X^Q, X^K, X^V, Mask) = Concat(head_1, ..., head_A) @ W^O + b^O
+        where head_i = Attention(X^Q @ W_i^Q + b_i^Q, X^K @ W_i^K + b_i^K, X^V @ W_i^V +
+            b_i^V, Mask) for i in 1..A
+      param W_i^Q: R[H, D] for i in 1..A
+      param b_i^Q: R[D] for i in 1..A = 0
+      param W_i^K: R[H, D] for i in 1..A
+      param b_i^K: R[D] for i in 1..A = 0
+      param W_i^V: R[H, D] for i in 1..A
+      param b_i^V: R[D] for i in 1..A = 0
+      param W^O: R[A * D, H]
+      param b^O: R[H] = 0
+    }
+    """
+
+    def __init__(self, A, D, H):
+        super().__init__()
+        self.A = A
+        self.D = D
+        self.H = H
+        self.W_Q = nn.Parameter(torch.empty(H, A, D))  # W_i^Q: R[H, D] for each of A
+        self.b_Q = nn.Parameter(torch.empty(A, D))  # b_i^Q: R[D] for each of A
+        self.W_K = nn.Parameter(torch.empty(H, A, D))  # W_i^K: R[H, D] for each of A
+        self.b_K = nn.Parameter(torch.empty(A, D))  # b_i^K: R[D] for each of A
+        self.W_V = nn.Parameter(torch.empty(H, A, D))  # W_i^V: R[H, D] for each of A
+        self.b_V = nn.Parameter(torch.empty(A, D))  # b_i^V: R[D] for each of A
+        self.W_O = nn.Parameter(torch.empty(A * D, H))  # W^O: R[A * D, H]
+        self.b_O = nn.Parameter(torch.empty(H,))  # b^O: R[H]
+        self.Attention = Attention()
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        nn.init.normal_(self.W_Q, std=0.02)
+        nn.init.zeros_(self.b_Q)
+        nn.init.normal_(self.W_K, std=0.02)
+        nn.init.zeros_(self.b_K)
+        nn.init.normal_(self.W_V, std=0.02)
+        nn.init.zeros_(self.b_V)
+        nn.init.normal_(self.W_O, std=0.02)
+        nn.init.zeros_(self.b_O)
+
+    def forward(self, X_Q, X_K, X_V, Mask):
+        # (*, A, m, D)  transformer.fgpt:60
+        head = self.Attention(
+            (
+                project(X_Q, self.W_Q.flatten(-2)).unflatten(-1, (self.A, -1)).movedim(-2, -3)
+                + self.b_Q.unsqueeze(-2)
+            ),
+            (
+                project(X_K, self.W_K.flatten(-2)).unflatten(-1, (self.A, -1)).movedim(-2, -3)
+                + self.b_K.unsqueeze(-2)
+            ),
+            (
+                project(X_V, self.W_V.flatten(-2)).unflatten(-1, (self.A, -1)).movedim(-2, -3)
+                + self.b_V.unsqueeze(-2)
+            ),
+            Mask.unsqueeze(-3),
+        )
+        return project(head.movedim(-3, -2).flatten(-2), self.W_O) + self.b_O
+
+
+class Sinusoid(nn.Module):
+    """
+    module Sinusoid[K, H] -> R[K, H] {
+      Sinusoid[k, c] = sin(t) if c % 2 == 1 else cos(t)
+        where t = (k - 1) / pow(10000, ((c - 1) - (c - 1) % 2) / H)
+    }
+    """
+
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, *, K, H, device=None, dtype=None):
+        k = torch.arange(1, K + 1, device=device).view(-1, 1)  # (K, 1)  transformer.fgpt:79
+        c = torch.arange(1, H + 1, device=device).view(1, -1)  # (1, H)  transformer.fgpt:79
+        t2 = c - 1  # (1, H)  transformer.fgpt:80
+        t = (k - 1) / torch.pow(10000, (t2 - t2 % 2) / H)  # (K, H)  transformer.fgpt:80
+        table = torch.broadcast_to(torch.where(c % 2 == 1, torch.sin(t), torch.cos(t)), (K, H,))
+        return table.to(dtype=dtype)
+
+
+class Mask_X(nn.Module):
+    """
+    module Mask^X[m, n] -> R[m, n] {
+      Mask^X[i, j] = 0
+    }
+    """
+
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, *, m, n, device=None, dtype=None):
+        table = torch.full((m, n,), 0, device=device)
+        return table.to(dtype=dtype)
+
+
+class TransformerLayer(nn.Module):
+    """
+    One of the L layers, l = 1..L.
+    """
+
+    def __init__(self, config, l):
+        super().__init__()
+        self.l = l
+        self.enc_self_attn = MH(A=config.A, D=config.D, H=config.H)
+        self.enc_norm1 = LN(H=config.H, eps=config.eps)
+        self.enc_ff = FF_ReLU(F=config.F, H=config.H)
+        self.enc_norm2 = LN(H=config.H, eps=config.eps)
+
+    def forward(self, X_prev, tmask1):
+        # (B, T_n, H)  transformer.fgpt:116
+        Xa_l = self.enc_norm1(self.enc_self_attn(X_prev, tmask1) + X_prev)
+        X_l = self.enc_norm2(self.enc_ff(Xa_l) + Xa_l)  # (B, T_n, H)  transformer.fgpt:117
+        return X_l
+
+
+class TransformerLayer2(nn.Module):
+    """
+    One of the L layers, l = 1..L.
+    """
+
+    def __init__(self, config, l):
+        super().__init__()
+        self.l = l
+        self.dec_self_attn = MH(A=config.A, D=config.D, H=config.H)
+        self.dec_norm1 = LN(H=config.H, eps=config.eps)
+        self.dec_cross_attn = MHA(A=config.A, D=config.D, H=config.H)
+        self.dec_norm2 = LN(H=config.H, eps=config.eps)
+        self.dec_ff = FF_ReLU(F=config.F, H=config.H)
+        self.dec_norm3 = LN(H=config.H, eps=config.eps)
+
+    def forward(self, Y_prev, tmask2, Z, mask_x):
+        # (B, T_m, H)  transformer.fgpt:123
+        Ya_l = self.dec_norm1(self.dec_self_attn(Y_prev, tmask2) + Y_prev)
+        # (B, T_m, H)  transformer.fgpt:124
+        Yb_l = self.dec_norm2(self.dec_cross_attn(Ya_l, Z, Z, mask_x) + Ya_l)
+        Y_l = self.dec_norm3(self.dec_ff(Yb_l) + Yb_l)  # (B, T_m, H)  transformer.fgpt:125
+        return Y_l
+
+
+class Transformer(nn.Module):
+    """
+    model Transformer {
+      hyper L = 2,        # layers in each stack           (num_encoder_layers =
+          num_decoder_layers)
+            H = 8,        # dimension of the residual stream (d_model)
+            A = 2,        # attention heads                  (nhead)
+            D = H / A,    # dimension of queries, keys and values
+            F = 4 * H,    # hidden dimension of the feed-forward nets (dim_feedforward)
+            V = 11,       # shared source-target vocabulary
+            n = 10,       # longest source
+            m = 8,        # longest target
+            eps = 1e-5    # LayerNorm epsilon, picked up by LN (layer_norm_eps)
+
+      preset base {
+        L = 6, H = 512, A = 8, F = 2048, V = 37000, n = 512, m = 512
+        expect params == 63_084_544      # stacks 44,140,544 (torch.nn.Transformer) + V*H
+        expect params ~ 65M              # the paper's Table 3; see the header
+      }
+      preset big {
+        L = 6, H = 1024, A = 16, F = 4096, V = 37000, n = 512, m = 512
+        expect params == 214_249_472     # stacks 176,361,472 + V*H
+        expect params ~ 213M             # the paper's Table 3; see the header
+      }
+
+      # N = VH + [L(4ADH + 4H + 2HF + F + H + 4H) + 2H] + [L(8ADH + 8H + 2HF + F + H + 6H)
+          + 2H]
+      expect params == V*H + L*(4*A*D*H + 4*H + 2*H*F + F + H + 4*H) + 2*H
+                           + L*(8*A*D*H + 8*H + 2*H*F + F + H + 6*H) + 2*H
+
+      input x: {1..V}^n      # source tokens
+      input y: {1..V}^m      # target tokens, shifted right
+
+      param W_e: R[V, H]     # shared by both embeddings and the output (embedding.weight)
+
+      X^(0) = OneHot(x) @ W_e * sqrt(H) + Sinusoid[n, H]
+      layers l in 1..L {
+        Xa^(l) = enc_norm1: LN(enc_self_attn: MH(X^(l-1), Mask^BD) + X^(l-1))
+        X^(l) = enc_norm2: LN(enc_ff: FF^ReLU(Xa^(l)) + Xa^(l))
+      }
+      Z = encoder_norm: LN(X^(L))      # the encoder's output: keys and values for every
+          decoder layer
+
+      Y^(0) = OneHot(y) @ W_e * sqrt(H) + Sinusoid[m, H]
+      layers l in 1..L {
+        Ya^(l) = dec_norm1: LN(dec_self_attn: MH(Y^(l-1), Mask^AR[m]) + Y^(l-1))
+        Yb^(l) = dec_norm2: LN(dec_cross_attn: MHA(Ya^(l), Z, Z, Mask^X) + Ya^(l))
+        Y^(l) = dec_norm3: LN(dec_ff: FF^ReLU(Yb^(l)) + Yb^(l))
+      }
+      Yf = decoder_norm: LN(Y^(L))
+
+      output probs = Softmax(Yf @ W_e^T)
+
+      # torch.nn.Transformer's state_dict and the embedding beside it. in_proj_weight holds
+      # W^Q | W^K | W^V stacked by rows [out, in]: take one third, transpose, cut into A
+          heads.
+      checkpoint {
+        prefix "transformer."
+        W_e = "embedding.weight"
+        encoder_norm.gamma = "encoder.norm.weight"
+        encoder_norm.beta = "encoder.norm.bias"
+        decoder_norm.gamma = "decoder.norm.weight"
+        decoder_norm.beta = "decoder.norm.bias"
+        layers {
+          enc_self_attn.W^Q = "encoder.layers.{l}.self_attn.in_proj_weight" | split(1, 3,
+              1) | transpose | heads(2)
+          enc_self_attn.W^K = "encoder.layers.{l}.self_attn.in_proj_weight" | split(1, 3,
+              2) | transpose | heads(2)
+          enc_self_attn.W^V = "encoder.layers.{l}.self_attn.in_proj_weight" | split(1, 3,
+              3) | transpose | heads(2)
+          enc_self_attn.b^Q = "encoder.layers.{l}.self_attn.in_proj_bias" | split(1, 3, 1)
+              | heads(1)
+          enc_self_attn.b^K = "encoder.layers.{l}.self_attn.in_proj_bias" | split(1, 3, 2)
+              | heads(1)
+          enc_self_attn.b^V = "encoder.layers.{l}.self_attn.in_proj_bias" | split(1, 3, 3)
+              | heads(1)
+          enc_self_attn.W^O = "encoder.layers.{l}.self_attn.out_proj.weight" | transpose
+          enc_self_attn.b^O = "encoder.layers.{l}.self_attn.out_proj.bias"
+          enc_norm1.gamma = "encoder.layers.{l}.norm1.weight"
+          enc_norm1.beta = "encoder.layers.{l}.norm1.bias"
+          enc_ff.W_1 = "encoder.layers.{l}.linear1.weight" | transpose
+          enc_ff.b_1 = "encoder.layers.{l}.linear1.bias"
+          enc_ff.W_2 = "encoder.layers.{l}.linear2.weight" | transpose
+          enc_ff.b_2 = "encoder.layers.{l}.linear2.bias"
+          enc_norm2.gamma = "encoder.layers.{l}.norm2.weight"
+          enc_norm2.beta = "encoder.layers.{l}.norm2.bias"
+
+          dec_self_attn.W^Q = "decoder.layers.{l}.self_attn.in_proj_weight" | split(1, 3,
+              1) | transpose | heads(2)
+          dec_self_attn.W^K = "decoder.layers.{l}.self_attn.in_proj_weight" | split(1, 3,
+              2) | transpose | heads(2)
+          dec_self_attn.W^V = "decoder.layers.{l}.self_attn.in_proj_weight" | split(1, 3,
+              3) | transpose | heads(2)
+          dec_self_attn.b^Q = "decoder.layers.{l}.self_attn.in_proj_bias" | split(1, 3, 1)
+              | heads(1)
+          dec_self_attn.b^K = "decoder.layers.{l}.self_attn.in_proj_bias" | split(1, 3, 2)
+              | heads(1)
+          dec_self_attn.b^V = "decoder.layers.{l}.self_attn.in_proj_bias" | split(1, 3, 3)
+              | heads(1)
+          dec_self_attn.W^O = "decoder.layers.{l}.self_attn.out_proj.weight" | transpose
+          dec_self_attn.b^O = "decoder.layers.{l}.self_attn.out_proj.bias"
+          dec_norm1.gamma = "decoder.layers.{l}.norm1.weight"
+          dec_norm1.beta = "decoder.layers.{l}.norm1.bias"
+          dec_cross_attn.W^Q = "decoder.layers.{l}.multihead_attn.in_proj_weight" |
+              split(1, 3, 1) | transpose | heads(2)
+          dec_cross_attn.W^K = "decoder.layers.{l}.multihead_attn.in_proj_weight" |
+              split(1, 3, 2) | transpose | heads(2)
+          dec_cross_attn.W^V = "decoder.layers.{l}.multihead_attn.in_proj_weight" |
+              split(1, 3, 3) | transpose | heads(2)
+          dec_cross_attn.b^Q = "decoder.layers.{l}.multihead_attn.in_proj_bias" | split(1,
+              3, 1) | heads(1)
+          dec_cross_attn.b^K = "decoder.layers.{l}.multihead_attn.in_proj_bias" | split(1,
+              3, 2) | heads(1)
+          dec_cross_attn.b^V = "decoder.layers.{l}.multihead_attn.in_proj_bias" | split(1,
+              3, 3) | heads(1)
+          dec_cross_attn.W^O = "decoder.layers.{l}.multihead_attn.out_proj.weight" |
+              transpose
+          dec_cross_attn.b^O = "decoder.layers.{l}.multihead_attn.out_proj.bias"
+          dec_norm2.gamma = "decoder.layers.{l}.norm2.weight"
+          dec_norm2.beta = "decoder.layers.{l}.norm2.bias"
+          dec_ff.W_1 = "decoder.layers.{l}.linear1.weight" | transpose
+          dec_ff.b_1 = "decoder.layers.{l}.linear1.bias"
+          dec_ff.W_2 = "decoder.layers.{l}.linear2.weight" | transpose
+          dec_ff.b_2 = "decoder.layers.{l}.linear2.bias"
+          dec_norm3.gamma = "decoder.layers.{l}.norm3.weight"
+          dec_norm3.beta = "decoder.layers.{l}.norm3.bias"
+        }
+      }
+    }
+    """
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.W_e = nn.Parameter(torch.empty(config.V, config.H))  # W_e: R[V, H]
+        self.layers = nn.ModuleList(TransformerLayer(config, l) for l in range(1, config.L + 1))
+        self.layers2 = nn.ModuleList(TransformerLayer2(config, l) for l in range(1, config.L + 1))
+        self.Sinusoid_1 = Sinusoid()
+        self.encoder_norm = LN(H=config.H, eps=config.eps)
+        self.Sinusoid_2 = Sinusoid()
+        self.Mask_X = Mask_X()
+        self.decoder_norm = LN(H=config.H, eps=config.eps)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        nn.init.normal_(self.W_e, std=0.02)
+
+    def logits(self, x, y, *, start=0):
+        T_n = x.shape[1]  # the length of x in this call
+        assert T_n <= self.config.n, (
+            f"sequence of {T_n} tokens; "
+            f"the model takes at most {self.config.n}"
+        )
+        T_m = y.shape[1]  # the length of y in this call
+        assert start + T_m <= self.config.m, (
+            f"positions up to {start + T_m}; "
+            f"the model takes at most {self.config.m}"
+        )
+        device = x.device
+        # (B, T_n, H)  transformer.fgpt:114
+        X_0 = (
+            embedding(x, self.W_e) * math.sqrt(self.config.H)
+            + self.Sinusoid_1(K=T_n, H=self.config.H, device=device, dtype=self.W_e.dtype)
+        )
+        tmask1 = torch.zeros(T_n, T_n, device=device)  # (T_n, T_n)  transformer.fgpt:116
+        X_L = X_0
+        for layer in self.layers:  # L layers
+            X_L = layer(X_L, tmask1)
+        Z = self.encoder_norm(X_L)  # (B, T_n, H)  transformer.fgpt:119
+        # (B, T_m, H)  transformer.fgpt:121
+        Y_0 = (
+            embedding(y, self.W_e) * math.sqrt(self.config.H)
+            + self.Sinusoid_2(
+                K=start + T_m,
+                H=self.config.H,
+                device=device,
+                dtype=self.W_e.dtype,
+            )[start:]
+        )
+        tmask2 = causal_mask(T_m, start + T_m, device)  # (T_m, T_m)  transformer.fgpt:123
+        # (T_m, T_n)  transformer.fgpt:124
+        mask_x = self.Mask_X(m=start + T_m, n=T_n, device=device, dtype=self.W_e.dtype)[start:]
+        Y_L = Y_0
+        for layer in self.layers2:  # L layers
+            Y_L = layer(Y_L, tmask2, Z, mask_x)
+        Yf = self.decoder_norm(Y_L)  # (B, T_m, H)  transformer.fgpt:127
+        return project(Yf, self.W_e.mT)
+
+    def forward(self, x, y):
+        """probs: the probabilities, Softmax(logits)."""
+        return torch.softmax(self.logits(x, y), dim=-1)
+
+    def signature(self):
+        """Inputs (with their dims: the batch, run lengths) and outputs in order,
+        the outputs a caller feeds back as inputs at the next call, and what
+        step() keeps (read by runtime.run_segments and runtime.generate), at
+        this module's config; at the compiled one, the ONNX graph's metadata
+        `fgc.signature` holds the same."""
+        return {
+            "inputs": [
+                {"name": "x", "dtype": "int", "dims": ["batch", "T_n"], "lo": 1,
+                 "hi": self.config.V, "zero_based": True, "perm": False},
+                {"name": "y", "dtype": "int", "dims": ["batch", "T_m"], "lo": 1,
+                 "hi": self.config.V, "zero_based": True, "perm": False},
+            ],
+            "outputs": [
+                {"name": "probs", "dtype": "real", "dims": ["batch", "T_m", self.config.V]},
+            ],
+            "logits": {"name": "logits", "of": "probs"},
+            "state": {},
+            "max_length": {"T_m": self.config.m, "T_n": self.config.n},
+            "incremental": {
+                "tokens": "y",
+                "length": "T_m",
+                "past": "past",
+                "cache": [
+                    {"past": "past.{l}.key", "present": "present.{l}.key", "kind": "key",
+                     "block": 2, "layers": self.config.L,
+                     "dims": ["batch", self.config.A, "past", self.config.D]},
+                    {"past": "past.{l}.value", "present": "present.{l}.value", "kind": "value",
+                     "block": 2, "layers": self.config.L,
+                     "dims": ["batch", self.config.A, "past", self.config.D]},
+                ],
+            },
+        }
+
+    def cache_sites(self):
+        """The attentions whose keys and values step() keeps, in the order of its
+        `past`: layer by layer."""
+        return [layer.dec_self_attn.Attention for layer in self.layers2]
+
+    def step(self, x, y, past=None):
+        """The incremental form. The tokens are those at the positions after the P
+        that `past` holds the keys and values of: one (key, value) pair per
+        attention of cache_sites(), each (B, A, P, D); None when there are none
+        yet (the prefill form). Returns the logits of the new positions and the
+        present: the pairs extended by them (P + T positions), the next call's
+        `past`."""
+        sites = self.cache_sites()
+        if past is not None and len(past) != len(sites):
+            raise ValueError(f"past holds {len(past)} key/value pairs; the "
+                             f"model keeps {len(sites)}")
+        start = past[0][0].shape[-2] if past else 0
+        for site, kv in zip(sites, past or [()] * len(sites)):
+            site.cache = kv
+        try:
+            return self.logits(x, y, start=start), [site.cache for site in sites]
+        finally:
+            for site in sites:
+                site.cache = None
+
+
+def build(config: Config | None = None, *, device=None, dtype=None, **sizes):
+    """The model at `config` (Config() when None) with any `sizes` replaced, build(L=2),
+    and freshly initialised parameters."""
+    config = replace(config or Config(), **sizes)
+    return Transformer(config).to(device=device, dtype=dtype)
