@@ -150,6 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
     _config_args(r)
     r.add_argument("--symbolic", action="store_true",
                    help="keep hyperparameters symbolic (the default without --preset/--set)")
+    r.add_argument("--lowered", action="store_true",
+                   help="the program both backends print: after the lowering (lowered "
+                   "operations such as lookups and masks by meaning; docs/architecture.md)")
     r.add_argument("--format", choices=["text", "json", "json-schema"], default="text",
                    help="json: the IR as a versioned JSON document; json-schema: that "
                    "document's JSON schema")
@@ -1208,10 +1211,14 @@ def cmd_ir(args) -> int:
         from .elaborate.ir import Hyper
         order = [h.name for h in spec.model.hypers]
         cfg.model.hypers = [Hyper(name=k, default=cfg.values[k]) for k in order]
+    model, functions = cfg.model, cfg.functions
+    if args.lowered:
+        from .lowering import prepare
+        model, functions = prepare(model, functions)
     if args.format == "json":
-        print(format_json(cfg.model, cfg.functions), end="")
+        print(format_json(model, functions), end="")
     else:
-        print(format_model(cfg.model, cfg.functions), end="")
+        print(format_model(model, functions), end="")
     return EXIT_OK
 
 

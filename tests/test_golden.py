@@ -1,6 +1,7 @@
 """Golden files: the printed IR of reference specs and `fgc check`'s output on curated mistakes.
 
-tests/golden/ir/*.txt         `fgc ir` of specs/formal/gpt.fgpt and tests/golden/specs/*.fgpt
+tests/golden/ir/*.txt         `fgc ir` (and `fgc ir --lowered`) of specs/formal/gpt.fgpt and
+                              tests/golden/specs/*.fgpt
 tests/golden/errors/X.fgpt    a small spec with one typical mistake
 tests/golden/errors/X.out     what `fgc check tests/golden/errors/X.fgpt` prints, and its exit code
 tests/golden/torch/*.py       the model.py `fgc compile --target torch` writes for released specs
@@ -31,6 +32,9 @@ IR_CASES = {
     "gpt3": ["tests/golden/specs/gpt3.fgpt"],
     "gpt3_small": ["tests/golden/specs/gpt3.fgpt", "--preset", "small"],
     "xlnet": ["tests/golden/specs/xlnet.fgpt"],
+    # the program both backends print: lookups, masks by meaning, what each use is given
+    "gpt_lowered": ["specs/formal/gpt.fgpt", "--lowered"],
+    "xlnet_lowered": ["tests/golden/specs/xlnet.fgpt", "--lowered"],
 }
 
 ERRORS = sorted((GOLDEN / "errors").glob("*.fgpt"))

@@ -22,6 +22,7 @@ from pydantic import ValidationError
 from compiler.elaborate import ir
 from compiler.elaborate.symbolic import Poly, format_poly, parse_poly
 from compiler.errors import Span
+from compiler.lowering import prepare
 from compiler.pipeline import load
 from compiler.tools.printer import format_model
 
@@ -43,14 +44,17 @@ def test_every_spec_round_trips(path):
     configs = _configs(path)
     if not configs:
         pytest.skip("modules only")
-    for cfg in configs:
-        doc = ir.Document.of(cfg.model, cfg.functions)
-        text = doc.model_dump_json()
-        back = ir.Document.model_validate_json(text)
-        assert back == doc, f"{cfg.name}: the IR read back differs"
-        assert back.model_dump_json() == text, cfg.name
-        assert format_model(back.model, back.functions) == \
-            format_model(cfg.model, cfg.functions), cfg.name
+    for cfg in configs:  # as elaborated, and as lowered (`fgc ir --lowered`)
+        for name, (model, functions) in ((cfg.name, (cfg.model, cfg.functions)),
+                                         (f"{cfg.name}, lowered",
+                                          prepare(cfg.model, cfg.functions))):
+            doc = ir.Document.of(model, functions)
+            text = doc.model_dump_json()
+            back = ir.Document.model_validate_json(text)
+            assert back == doc, f"{name}: the IR read back differs"
+            assert back.model_dump_json() == text, name
+            assert format_model(back.model, back.functions) == \
+                format_model(model, functions), name
 
 
 def test_cli_json_prints_what_the_text_form_prints():

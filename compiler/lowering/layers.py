@@ -19,9 +19,10 @@ def invariant(loop: ir.Loop, functions: dict[str, ir.Function]) -> list[Eqn]:
     """The equations of `loop`'s body, in order, that do not change from layer to layer:
     they read neither the values carried from layer to layer, nor the layer index (`W_p *
     l`), nor anything computed from those, and are neither a module with parameters (each
-    layer has its own) nor a choice made per layer (`cond`). A layer condition on one
-    (`if l is odd`) is no reason to compute it again: it is the same value in every layer
-    that has it."""
+    layer has its own) nor a choice made per layer (`cond`); a mask by meaning without a
+    bias (lowering/masks.py) stays with what reads it, having nothing to compute. A layer
+    condition on one (`if l is odd`) is no reason to compute it again: it is the same
+    value in every layer that has it."""
     varying = {c.inner for c in loop.carried}
     out: list[Eqn] = []
     for e in loop.body:
@@ -32,4 +33,7 @@ def invariant(loop: ir.Loop, functions: dict[str, ir.Function]) -> list[Eqn]:
             varying.update(v.name for v in e.outs)
         else:
             out.append(e)
-    return out
+    # a mask by meaning alone computes nothing: it moves only with what reads it
+    read = {o.name for e in out for o in e.ins}
+    return [e for e in out if not (e.op == "mask" and not e.ins and
+                                   e.outs[0].name not in read)]

@@ -30,6 +30,8 @@ def format_eqn(e: ir.Eqn) -> str:
         binds = {k: v for k, v in e.attrs.get("bindings", {}).items()}
         if binds:
             extra += " " + _attr(binds)
+        if e.attrs.get("masks"):  # after the lowering: the masks this use gives by meaning
+            extra += " masks " + _attr(e.attrs["masks"])
     else:
         head = e.op
         attrs = {k: v for k, v in e.attrs.items() if v is not None}
@@ -53,6 +55,8 @@ def format_function(fn: ir.Function) -> str:
     ins = ", ".join(f"{v.name}: {format_type(v.type)}" for v in fn.inputs)
     outs = ", ".join(format_type(v.type) for v in fn.outputs)
     lines = [f"module {fn.name}{hyp}({ins}) -> {outs}"]
+    for name, kind in fn.mask_inputs.items():  # after the lowering (lowering/masks.py)
+        lines.append(f"  takes {name} by meaning: {kind}")
     for p in fn.params:
         lines.append(f"  param {p.name}: {format_type(p.type)}")
     for e in fn.eqns:

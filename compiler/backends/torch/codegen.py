@@ -1249,6 +1249,13 @@ POSITIONS = {"argmax", "argsort", "invperm"}  # results held 0-based (raw_lo = 1
 # ---------------------------------------------------------------- builtin modules
 
 
+def _no_value(fn: ir.Function, name: str) -> bool:
+    """Whether input `name` of `fn` is a mask taken by meaning alone (lowering/masks.py),
+    which has no value at run time: neither forward nor its calls pass it."""
+    kind = kind_of_input(fn, name)
+    return kind is not None and not kind.bias
+
+
 def _sdpa(b: Body, fn: ir.Function, inputs: list[str]) -> list[Line]:
     """Scaled dot-product attention, with the mask the lowering decided the calls pass:
     causal runs as is_causal=True, none as no mask, a bias (plus causal) as attn_mask; a
@@ -1552,12 +1559,13 @@ class Generator:
         body.spec_names = {**self._use_names(self.cfg.functions[fn.name].eqns
                                              if fn.name in self.cfg.functions else []),
                            **self._result_names(fn)}
-        inputs = []
+        inputs = []  # every input's name; forward takes those with a value at run time
         for v in fn.inputs:
             t = v.type
             lay = Layout(True, t.family is not None, _rank(t.member() if t.family is not None
                                                           else t))
             inputs.append(body.define_input(v.name, t, lay))
+        passed = [name for name, v in zip(inputs, fn.inputs) if not _no_value(fn, v.name)]
         subs = []
         flags = self.mask_flags(fn)
         for e in fn.eqns:
@@ -1603,7 +1611,7 @@ class Generator:
             kw_part = [f"*, {', '.join(ident(s) for s in forward_kw)}"
                        + ("" if fn.inputs else ", device=None"
                           + ("" if fused_forward(fn) is not None else ", dtype=None"))]
-        fwd = ", ".join(["self"] + inputs + kw_part)
+        fwd = ", ".join(["self"] + passed + kw_part)
         init_lines = [f"self.{ident(s)} = {ident(s)}" for s in static]
         init_lines += [f"self.{flag} = {flag}  # this use is given Mask^AR (else Mask^BD)"
                        for flag in flags.values()]
@@ -1709,9 +1717,7 @@ class Generator:
         args = []
         for v, inp in zip(ins, fn.inputs):
             expr = v.expr
-            kind = kind_of_input(fn, inp.name)
-            if kind is not None and not kind.bias:  # a mask by meaning alone: no tensor
-                args.append("None")
+            if _no_value(fn, inp.name):  # a mask by meaning alone: nothing to pass
                 continue
             if v.raw_lo is not None:  # integers cross into modules as the spec's values
                 expr = _shifted(b, v.expr, v.raw_lo)

@@ -99,7 +99,7 @@ class Attention(nn.Module):
     def __init__(self):
         super().__init__()
 
-    def forward(self, Q, K, V, Mask):
+    def forward(self, Q, K, V):
         return sdpa(Q, K, V)  # no mask
 
 
@@ -146,7 +146,7 @@ class MH(nn.Module):
         nn.init.normal_(self.W_O, std=0.02)
         nn.init.zeros_(self.b_O)
 
-    def forward(self, X, Mask):
+    def forward(self, X):
         # (*, A, T, D)  bert.fgpt:36
         head = self.Attention(
             (
@@ -161,7 +161,6 @@ class MH(nn.Module):
                 project(X, self.W_V.flatten(-2)).unflatten(-1, (self.A, -1)).movedim(-2, -3)
                 + self.b_V.unsqueeze(-2)
             ),
-            None,
         )
         return project(head.movedim(-3, -2).flatten(-2), self.W_O) + self.b_O
 
@@ -273,9 +272,8 @@ class BERTLayer(nn.Module):
         self.ffn = FF_GELU(F=config.F, H=config.H)
         self.output_LayerNorm = LN(H=config.H, eps=config.eps)
 
-    def forward(self, X_prev, mask_bd):
-        # (B, T, H)  bert.fgpt:94
-        Xp_l = self.attention_LayerNorm(self.attention(X_prev, None) + X_prev)
+    def forward(self, X_prev):
+        Xp_l = self.attention_LayerNorm(self.attention(X_prev) + X_prev)  # (B, T, H)  bert.fgpt:94
         X_l = self.output_LayerNorm(self.ffn(Xp_l) + Xp_l)  # (B, T, H)  bert.fgpt:95
         return X_l
 
@@ -401,10 +399,9 @@ class BERT(nn.Module):
         X_0 = self.embeddings_LayerNorm(
             embedding(x, self.W_e) + self.W_p[:T] + embedding(t, self.W_t),
         )
-        mask_bd = None  # Mask^BD: attention runs without a mask  bert.fgpt:94
         X_L = X_0
         for layer in self.layers:  # L layers
-            X_L = layer(X_L, mask_bd)
+            X_L = layer(X_L)
         return (
             project(
                 self.transform(X_L[torch.arange(X_L.shape[0], device=X_L.device), j_masked, :]),

@@ -131,7 +131,7 @@ class Attention(nn.Module):
         super().__init__()
         self.cache = None  # step(): keys and values, (B, A, P, D) each
 
-    def forward(self, Q, K, V, Mask):
+    def forward(self, Q, K, V):
         if self.cache is not None:  # step(): the earlier positions' keys first
             if self.cache:
                 K = torch.cat([self.cache[0], K], dim=-2)
@@ -176,13 +176,12 @@ class MH(nn.Module):
         nn.init.normal_(self.W_V, std=0.02)
         nn.init.normal_(self.W_O, std=0.02)
 
-    def forward(self, X, Mask):
+    def forward(self, X):
         # (*, A, T, D)  stdlib.fgpt:101
         head = self.Attention(
             project(X, self.W_Q.flatten(-2)).unflatten(-1, (self.A, -1)).movedim(-2, -3),
             project(X, self.W_K.flatten(-2)).unflatten(-1, (self.A, -1)).movedim(-2, -3),
             project(X, self.W_V.flatten(-2)).unflatten(-1, (self.A, -1)).movedim(-2, -3),
-            None,
         )
         return project(head.movedim(-3, -2).flatten(-2), self.W_O)
 
@@ -243,8 +242,8 @@ class GPT2Layer(nn.Module):
         self.LN_2 = LN(H=config.H, eps=1e-05)
         self.FF_GELU = FF_GELU(F=config.F, H=config.H)
 
-    def forward(self, H_prev, mask_ar):
-        Hhat_l = self.MH(self.LN_1(H_prev), None) + H_prev  # (B, T, H)  gpt2.fgpt:55
+    def forward(self, H_prev):
+        Hhat_l = self.MH(self.LN_1(H_prev)) + H_prev  # (B, T, H)  gpt2.fgpt:55
         H_l = self.FF_GELU(self.LN_2(Hhat_l)) + Hhat_l  # (B, T, H)  gpt2.fgpt:56
         return H_l
 
@@ -322,10 +321,9 @@ class GPT2(nn.Module):
             f"the model takes at most {self.config.n}"
         )
         H_0 = embedding(x, self.W_e) + self.W_p[start:start + T]  # (B, T, H)  gpt2.fgpt:52
-        mask_ar = None  # Mask^AR: attention runs is_causal  gpt2.fgpt:55
         H_L = H_0
         for layer in self.layers:  # L layers
-            H_L = layer(H_L, mask_ar)
+            H_L = layer(H_L)
         Hf = self.LN_3(H_L)  # (B, T, H)  gpt2.fgpt:59
         return project(Hf, self.W_e.mT)
 

@@ -132,7 +132,7 @@ class Attention(nn.Module):
         super().__init__()
         self.cache = None  # step(): keys and values, (B, A, P, D) each
 
-    def forward(self, Q, K, V, Mask):
+    def forward(self, Q, K, V):
         if self.cache is not None:  # step(): the earlier positions' keys first
             if self.cache:
                 K = torch.cat([self.cache[0], K], dim=-2)
@@ -190,7 +190,7 @@ class MH(nn.Module):
         nn.init.normal_(self.W_O, std=0.02)
         nn.init.zeros_(self.b_O)
 
-    def forward(self, X, Mask):
+    def forward(self, X):
         # (*, A, T, D)  gpt2.fgpt:26
         head = self.Attention(
             (
@@ -205,7 +205,6 @@ class MH(nn.Module):
                 project(X, self.W_V.flatten(-2)).unflatten(-1, (self.A, -1)).movedim(-2, -3)
                 + self.b_V.unsqueeze(-2)
             ),
-            None,
         )
         return project(head.movedim(-3, -2).flatten(-2), self.W_O) + self.b_O
 
@@ -266,8 +265,8 @@ class GPT2Layer(nn.Module):
         self.ln_2 = LN(H=config.H, eps=config.eps)
         self.mlp = FF_GELU(F=config.F, H=config.H)
 
-    def forward(self, H_prev, mask_ar):
-        Hhat_l = self.attn(self.ln_1(H_prev), None) + H_prev  # (B, T, H)  gpt2.fgpt:83
+    def forward(self, H_prev):
+        Hhat_l = self.attn(self.ln_1(H_prev)) + H_prev  # (B, T, H)  gpt2.fgpt:83
         H_l = self.mlp(self.ln_2(Hhat_l)) + Hhat_l  # (B, T, H)  gpt2.fgpt:84
         return H_l
 
@@ -377,10 +376,9 @@ class GPT2(nn.Module):
             f"the model takes at most {self.config.n}"
         )
         H_0 = embedding(x, self.W_e) + self.W_p[start:start + T]  # (B, T, H)  gpt2.fgpt:80
-        mask_ar = None  # Mask^AR: attention runs is_causal  gpt2.fgpt:83
         H_L = H_0
         for layer in self.layers:  # L layers
-            H_L = layer(H_L, mask_ar)
+            H_L = layer(H_L)
         Hf = self.ln_f(H_L)  # (B, T, H)  gpt2.fgpt:87
         return project(Hf, self.W_e.mT)
 
