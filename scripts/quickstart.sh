@@ -13,7 +13,7 @@ import importlib.util, torch
 spec = importlib.util.spec_from_file_location('gpt2', 'out/gpt2/model.py')
 m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)
 model = m.build()
-probs = model(torch.randint(0, m.V, (1, 8)))
+probs = model(torch.randint(0, model.config.V, (1, 8)))
 print('out/gpt2/model.py:', sum(p.numel() for p in model.parameters()), 'parameters;',
       'probabilities', tuple(probs.shape))
 "
