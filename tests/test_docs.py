@@ -84,3 +84,20 @@ def test_reformer_sketch_compiles_to_pytorch_and_runs(tmp_path):
     assert torch.allclose(probs.sum(-1), torch.ones(2, 6))
     total = load(str(path)).configure(None, {}).total
     assert sum(p.numel() for p in model.parameters()) == total
+
+
+def test_the_quickstart_snippet_runs_on_a_small_compile(tmp_path):
+    """scripts/quickstart.sh imports the compiled GPT-2 and runs it; the same Python, on a
+    small compile of the same spec, keeps working as the emitted module changes."""
+    import subprocess
+    import sys
+    script = (ROOT / "scripts" / "quickstart.sh").read_text(encoding="utf-8")
+    snippet = re.search(r'python -c "\n(.*?)\n"', script, re.S).group(1)
+    out = tmp_path / "gpt2"
+    r = fgc("compile", "specs/gpt2.fgpt", "--target", "torch", "--set", "L=1", "--set", "H=8",
+            "--set", "A=2", "--set", "V=11", "--set", "n=16", "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    run = subprocess.run([sys.executable, "-c", snippet.replace("out/gpt2/", f"{out}/")],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert run.returncode == 0, run.stderr
+    assert "probabilities (1, 8, 11)" in run.stdout
