@@ -279,7 +279,7 @@ class _StateRunner:
         self.model = model
         self.cached = cache
         self.onnx = isinstance(model, Model)
-        sig = read_signature(model)
+        sig = self.sig = read_signature(model)
         state = sig.state
         inputs = [i for i in sig.inputs if i["name"] not in state.values()]
         if len(inputs) != 1:
@@ -308,10 +308,12 @@ class _StateRunner:
     def _run(self, ids: np.ndarray, state):
         x = ids if self.onnx else self.torch.as_tensor(ids, device=self.device)
         if self.onnx:
-            outputs, state = run_segments(self.model, {self.tokens: x}, state=state)
+            outputs, state = run_segments(self.model, {self.tokens: x}, state=state,
+                                          signature=self.sig)
         else:
             with self.torch.inference_mode():
-                outputs, state = run_segments(self.model, {self.tokens: x}, state=state)
+                outputs, state = run_segments(self.model, {self.tokens: x}, state=state,
+                                              signature=self.sig)
         last = outputs[self.scores][:, -1]
         last = last if self.onnx else last.float().cpu().numpy()
         return (np.log(np.maximum(last, 1e-30)) if self.log else last), state

@@ -31,12 +31,13 @@ def read_signature(model) -> Signature | None:
 
 
 def run_segments(model, inputs: dict, segment: int | None = None,
-                 state: dict | None = None) -> tuple[dict, dict]:
+                 state: dict | None = None, signature=None) -> tuple[dict, dict]:
     """Run `inputs` (every input that is not state, full length on axis 1) `segment` tokens
     at a time (default: the most the model takes), starting from `state` (default: empty).
     Returns the outputs, each segment's concatenated along axis 1 where that axis is the
-    segment's (the last segment's value otherwise), and the state after the last segment."""
-    sig = read_signature(model)
+    segment's (the last segment's value otherwise), and the state after the last segment.
+    `signature`: the model's, when the caller has read it already (one call per token)."""
+    sig = signature if signature is not None else read_signature(model)
     if sig is None:
         raise RuntimeError_("run_segments takes a runtime.Model (ONNX) or a PyTorch module "
                             "fgc compiled from a spec with a state output (`Mem'`)")

@@ -192,7 +192,6 @@ class Model:
                                           [{"name": name, "dtype": "real", "dims": []}
                                            for name in self.outputs])
         self.inputs = self.signature.inputs
-        self.output_specs = self.signature.outputs
         self.max_length = self.signature.max_length
         # outputs that are the next call's inputs (`Mem'` -> `Mem`): state, empty at first
         self.state = self.signature.state

@@ -76,7 +76,8 @@ def _is_index(o: ir.Operand, var: str) -> bool:
     return o.name is None and isinstance(o.const, Poly) and o.const == Poly.sym(var)
 
 
-def _mentions(o: ir.Operand, var: str) -> bool:
+def mentions(o: ir.Operand, var: str) -> bool:
+    """Whether a constant operand is an expression in `var` (`i - 1`, `l`)."""
     return o.name is None and isinstance(o.const, Poly) and var in o.const.symbols()
 
 
@@ -87,7 +88,7 @@ def _check_eqn(e: Eqn, functions: dict[str, ir.Function]) -> list[Diagnostic]:
     if e.family is None:
         return []
     var, _ = e.family
-    if e.op == "index" and any(_mentions(o, var) for o in e.ins[1:]):
+    if e.op == "index" and any(mentions(o, var) for o in e.ins[1:]):
         return [Diagnostic(
             "error", f"the slice depends on the member index `{var}`: the members of a family "
             "are computed together, so each must read the same slice or its own member",
@@ -96,7 +97,7 @@ def _check_eqn(e: Eqn, functions: dict[str, ir.Function]) -> list[Diagnostic]:
             "batched form yet")]
     if e.op == "call":
         fn = functions[e.attrs["module"]]
-        if _has_params(fn, functions):
+        if has_params(fn, functions):
             return [Diagnostic(
                 "error", f"`{fn.name}` has parameters but is called once per member of "
                 f"`{var}`", e.span,
@@ -105,6 +106,7 @@ def _check_eqn(e: Eqn, functions: dict[str, ir.Function]) -> list[Diagnostic]:
     return []
 
 
-def _has_params(fn: ir.Function, functions: dict[str, ir.Function]) -> bool:
-    return bool(fn.params) or any(_has_params(functions[e.attrs["module"]], functions)
+def has_params(fn: ir.Function, functions: dict[str, ir.Function]) -> bool:
+    """Whether a module has parameters, its own or those of a module it calls."""
+    return bool(fn.params) or any(has_params(functions[e.attrs["module"]], functions)
                                   for e in fn.eqns if e.op == "call")

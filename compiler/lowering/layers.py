@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from ..elaborate import ir
 from ..elaborate.ir import Eqn
-from ..elaborate.symbolic import Poly
-from .families import _has_params
+from .families import has_params, mentions
+from .masks import unread_masks
 
 
 def invariant(loop: ir.Loop, functions: dict[str, ir.Function]) -> list[Eqn]:
@@ -26,14 +26,11 @@ def invariant(loop: ir.Loop, functions: dict[str, ir.Function]) -> list[Eqn]:
     varying = {c.inner for c in loop.carried}
     out: list[Eqn] = []
     for e in loop.body:
-        per_layer = e.op == "cond" or any(
-            isinstance(o.const, Poly) and loop.var in o.const.symbols() for o in e.ins) or (
-            e.op == "call" and _has_params(functions[e.attrs["module"]], functions))
+        per_layer = e.op == "cond" or any(mentions(o, loop.var) for o in e.ins) or (
+            e.op == "call" and has_params(functions[e.attrs["module"]], functions))
         if per_layer or any(o.name in varying for o in e.ins):
             varying.update(v.name for v in e.outs)
         else:
             out.append(e)
     # a mask by meaning alone computes nothing: it moves only with what reads it
-    read = {o.name for e in out for o in e.ins}
-    return [e for e in out if not (e.op == "mask" and not e.ins and
-                                   e.outs[0].name not in read)]
+    return unread_masks(out, {o.name for e in out for o in e.ins})

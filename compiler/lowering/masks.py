@@ -60,12 +60,19 @@ class MaskKind:
 PER_USE = MaskKind(None, False)
 
 
+def from_caller(given: str) -> str | None:
+    """For what a call's `masks` attribute gives an input: the caller's own input it
+    passes on (`=Mask`), or None for a kind."""
+    return given[1:] if given.startswith("=") else None
+
+
 def site_kinds(e: Eqn, resolve) -> dict[str, MaskKind]:
     """What the call `e` passes each input its module takes by meaning; `resolve(name)` is
     the kind of the caller's own input `name` at this use (for `=name`)."""
     out = {}
-    for inp, text in e.attrs.get("masks", {}).items():
-        out[inp] = resolve(text[1:]) if text.startswith("=") else MaskKind.of(text)
+    for inp, given in e.attrs.get("masks", {}).items():
+        name = from_caller(given)
+        out[inp] = resolve(name) if name is not None else MaskKind.of(given)
     return out
 
 
@@ -76,41 +83,6 @@ def kind_of_input(fn: ir.Function, name: str) -> MaskKind | None:
 
 
 # ---------------------------------------------------------------- the analysis
-
-
-class _Bodies:
-    """Every list of equations with the scope it runs in: the model (its equations and its
-    layers' bodies share names) and each function."""
-
-    def __init__(self, model: ir.Model, functions: dict[str, ir.Function]):
-        self.model = model
-        self.functions = functions
-        self.order = self._callers_first()
-
-    def _callees(self, eqns) -> list[str]:
-        out = []
-        for e in _eqns(eqns):
-            if e.op == "call" and e.attrs["module"] in self.functions:
-                out.append(e.attrs["module"])
-        return out
-
-    def _callers_first(self) -> list[str]:
-        """Functions reachable from the model, each after every function that calls it."""
-        calls = {name: self._callees(fn.eqns) for name, fn in self.functions.items()}
-        reach: list[str] = []
-        seen: set[str] = set()
-
-        def visit(name: str) -> None:  # post-order: callees before their callers
-            if name in seen:
-                return
-            seen.add(name)
-            for c in calls[name]:
-                visit(c)
-            reach.append(name)
-
-        for c in self._callees(self.model.body):
-            visit(c)
-        return reach[::-1]
 
 
 def _eqns(body):
@@ -189,7 +161,8 @@ def _decide(seen: set) -> MaskKind | None:
 
 
 def _analyse(model, functions, demoted):
-    bodies = _Bodies(model, functions)
+    # each module after every module that calls it
+    order = [n for n in reversed(ir.used_modules(model, functions)) if n in functions]
     sites: dict[str, list[dict[str, MaskKind | None]]] = {}
     values: dict[str, dict[str, MaskKind]] = {}
     inputs: dict[str, dict[str, MaskKind]] = {}
@@ -213,7 +186,7 @@ def _analyse(model, functions, demoted):
         values[key] = kinds
 
     scan("", model.body, model.outputs, {})
-    for name in bodies.order:
+    for name in order:
         fn = functions[name]
         calls = sites.get(name, [])
         decided = {}
@@ -259,11 +232,10 @@ def _per_use_misread(values, inputs, functions) -> set[tuple[str, str]]:
 
 class _Rewriter:
     def __init__(self, functions: dict[str, ir.Function], kinds: dict[str, MaskKind],
-                 inputs: dict[str, dict[str, MaskKind]], fresh: str):
+                 inputs: dict[str, dict[str, MaskKind]]):
         self.functions = functions
         self.kinds = kinds
         self.inputs = inputs
-        self.fresh = fresh
         self.count = 0
         self.types: dict[str, ir.TensorType] = {}
         self.guards: dict[str, list[ir.Guard]] = {}  # the layers a value exists on
@@ -274,7 +246,7 @@ class _Rewriter:
         if k is None:
             return o
         self.count += 1
-        name = f"%{self.fresh}{self.count}"
+        name = f"%mask{self.count}"
         t = self.types[o.name]
         per_member = t.family is not None or o.member is not None
         # it exists where the mask does (a mask made on some layers only, then chosen by a
@@ -304,19 +276,13 @@ class _Rewriter:
                 out.append(Eqn(outs=e.outs, op="mask", ins=[], attrs={"causal": k.causal},
                                family=e.family, guards=e.guards, span=e.span))
                 continue
-            if k is not None and e.op == "add":
-                _, bias = _fold_add(e, self.kinds)
-                out.append(Eqn(outs=e.outs, op="mask", ins=[bias],
-                               attrs={"causal": k.causal}, family=e.family,
+            folded = _fold_add(e, self.kinds)
+            # B + Mask^AR is one mask where it is one (k: not an output, say); B + Mask^BD is B
+            if folded is not None and (k is not None or not folded[0].causal):
+                out.append(Eqn(outs=e.outs, op="mask", ins=[folded[1]],
+                               attrs={"causal": folded[0].causal}, family=e.family,
                                guards=e.guards, span=e.span))
                 continue
-            if e.op == "add":
-                folded = _fold_add(e, self.kinds)
-                if folded is not None and not folded[0].causal:  # B + Mask^BD is B
-                    out.append(Eqn(outs=e.outs, op="mask", ins=[folded[1]],
-                                   attrs={"causal": False}, family=e.family,
-                                   guards=e.guards, span=e.span))
-                    continue
             ins = e.ins
             if e.op == "call" and e.attrs["module"] in self.functions:
                 callee = self.functions[e.attrs["module"]]
@@ -338,7 +304,7 @@ def _read(body, outputs: list[Value]) -> set[str]:
     return names | _escaping(body, outputs)
 
 
-def _unread_masks(eqns: list[Eqn], read: set[str]) -> list[Eqn]:
+def unread_masks(eqns: list[Eqn], read: set[str]) -> list[Eqn]:
     """Without the masks that were folded into another (`B + Mask^AR`) and are read no
     more."""
     return [e for e in eqns if not (e.op == "mask" and not e.ins and
@@ -354,16 +320,16 @@ def prepare(model: ir.Model, functions: dict[str, ir.Function]
         taken = inputs.get(name, {})
         update = {"mask_inputs": {k: v.text for k, v in taken.items()}}
         if name in values and values[name]:
-            r = _Rewriter(functions, values[name], inputs, "mask")
+            r = _Rewriter(functions, values[name], inputs)
             for inp in fn.inputs:
                 r.types[inp.name] = inp.type
             eqns = r.eqns(fn.eqns)
-            update["eqns"] = _unread_masks(eqns, _read(eqns, fn.outputs))
+            update["eqns"] = unread_masks(eqns, _read(eqns, fn.outputs))
         funcs[name] = fn.model_copy(update=update)
     kinds = values.get("", {})
     if not kinds:
         return model, funcs
-    r = _Rewriter(functions, kinds, inputs, "mask")
+    r = _Rewriter(functions, kinds, inputs)
     for v in model.inputs:
         r.types[v.name] = v.type
     body = []
@@ -373,7 +339,7 @@ def prepare(model: ir.Model, functions: dict[str, ir.Function]
         else:
             body.extend(r.eqns([item]))
     read = _read(body, model.outputs)
-    body = [item.model_copy(update={"body": _unread_masks(item.body, read)})
+    body = [item.model_copy(update={"body": unread_masks(item.body, read)})
             if isinstance(item, Loop) else item for item in body
-            if isinstance(item, Loop) or _unread_masks([item], read)]
+            if isinstance(item, Loop) or unread_masks([item], read)]
     return model.model_copy(update={"body": body}), funcs

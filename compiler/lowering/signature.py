@@ -200,7 +200,7 @@ class _Sizes:
         return out + [self.dim(d, what) for d in t.shape]
 
 
-def _logits_of(model: ir.Model, functions: dict[str, ir.Function]) -> str | None:
+def logits_of(model: ir.Model, functions: dict[str, ir.Function]) -> str | None:
     """The single output a Softmax computes, whose input the backends also give."""
     if len(model.outputs) != 1:
         return None
@@ -239,7 +239,7 @@ def signature_form(model: ir.Model, functions: dict[str, ir.Function],
         inputs.append(entry)
     outputs = [{"name": o.name, "dtype": o.type.dtype,
                 "dims": sizes.dims(o.type, f"output `{o.name}`")} for o in model.outputs]
-    of = _logits_of(model, functions)
+    of = logits_of(model, functions)
     out = {
         "inputs": inputs,
         "outputs": outputs,

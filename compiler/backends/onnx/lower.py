@@ -35,6 +35,7 @@ from ...elaborate.intrinsics import intrinsic
 from ...elaborate.ir import Ell, Eqn, Operand, sequence_symbols
 from ...elaborate.symbolic import Atom, Poly, format_poly
 from ...lowering import prepare
+from ...lowering.families import has_params
 from ...lowering.layers import invariant
 from ...lowering.masks import site_kinds
 from ...lowering.signature import LOGITS, PAST, run_lengths, signature
@@ -78,7 +79,7 @@ class V:
     offset: int = 0  # integers: the spec's value is stored + offset (ids are 0-based)
     fam: Role | None = None  # the value's own family axis (one of roles)
     packed: str | None = None
-    kind: str | None = None  # mask (no tensor: lowering/masks.py) | proj: lowered lazily
+    kind: str | None = None  # proj: lowered lazily
     lazy: object = None  # kind-specific data
     stored: str | None = None  # a family of matrices as stored: family_layout order
 
@@ -136,7 +137,6 @@ class Lowerer:
         self.dynamic: dict[str, tuple[str, int]] = {}  # size symbol -> (input, axis)
         self.runtime: dict[str, str] = {}  # run-time size symbol -> int64[1] tensor
         self.logits_of: dict[int, V] = {}  # id(Softmax result) -> its input
-        self.max_length: dict[str, int] = {}  # run-time size -> the spec's maximum
         # the incremental form (kv_cache): past keys and values in, present ones out
         self.inc: Incremental | None = derive(cfg.model, cfg.functions) if kv_cache else None
         if self.inc is not None and PAST in {h.name for h in self.model.hypers}:
@@ -435,7 +435,6 @@ class Lowerer:
         # in compiler/lowering/signature.py, stored whole as the metadata `fgc.signature`
         self.signature = signature(m, self.functions, self.values, self.inc)
         runtime_name = run_lengths(m, self.functions)
-        self.max_length = dict(self.signature["max_length"])
         if self.inc is not None:
             self.generated = self.signature["incremental"]["length"]
         self.g.taken.update(v.name for v in m.inputs)
@@ -582,9 +581,10 @@ class Lowerer:
             out.append(val)
         return out[0], out[1]
 
-    def causal_table(self, rows: Poly, cols: Poly, label: str) -> str:
+    def causal_table(self, rows: Poly, cols: Poly, label: str) -> V:
         """Mask^AR as a rows x cols tensor aligned to the last column: row i sees the
-        columns up to cols - rows + i."""
+        columns up to cols - rows + i (in the incremental form, the new positions after
+        the past ones)."""
         zero, one = self.g.const(0, "int"), self.g.const(1, "int")
         first = self.scalar_size(cols - rows)
         r = self.g.op("Range", [first, self.scalar_size(cols), one], f"{label}/rows")
@@ -592,21 +592,17 @@ class Lowerer:
         later = self.g.op("Greater", [
             self.g.op("Unsqueeze", [c, self.g.ints([0])], f"{label}/row"),
             self.g.op("Unsqueeze", [r, self.g.ints([1])], f"{label}/col")], f"{label}/later")
-        return self.g.op("Where", [later, self.g.const(float("-inf"), "real"),
-                                   self.g.const(0.0, "real")], label)
-
-    def offset_causal(self, rows: Poly, cols: Poly) -> V:
-        """Mask^AR for the new positions: row i (position past + i) sees columns 0..past+i."""
-        zero, one = self.g.const(0, "int"), self.g.const(1, "int")
-        past = self.scalar_size(Poly.sym(PAST))
-        r = self.g.op("Range", [past, self.scalar_size(Poly.sym(PAST) + rows), one], "rows")
-        c = self.g.op("Range", [zero, self.scalar_size(cols), one], "cols")
-        later = self.g.op("Greater", [self.g.op("Unsqueeze", [c, self.g.ints([0])], "cols/row"),
-                                      self.g.op("Unsqueeze", [r, self.g.ints([1])], "rows/col")],
-                          "later")
         out = self.g.op("Where", [later, self.g.const(float("-inf"), "real"),
-                                  self.g.const(0.0, "real")], "Mask^AR/past")
+                                  self.g.const(0.0, "real")], label)
         v = V("real", (), (rows, cols), name=out)
+        self.info(out, v)
+        return v
+
+    def plus_bias(self, bias: V, table: V, label: str) -> V:
+        """A mask's bias plus its table: one additive mask."""
+        bias = self.as_real(self.canonical(bias))
+        out = self.g.op("Add", [bias.name, table.name], label)
+        v = V("real", bias.roles, bias.own, name=out, fam=bias.fam)
         self.info(out, v)
         return v
 
@@ -799,7 +795,7 @@ class Lowerer:
             if out is not None:
                 return out
         key = None
-        if scope.fn is not None and not self._has_params(fn) and \
+        if scope.fn is not None and not has_params(fn, self.functions) and \
                 all(v.name or v.packed for v in ins):
             # inside a module, a module without parameters on the same values: computed
             # once (the mask xlnet's attention builds in every layer); what a layer body
@@ -845,9 +841,6 @@ class Lowerer:
         self.info(out, nv)
         return nv
 
-    def _has_params(self, fn: ir.Function) -> bool:
-        return bool(fn.params) or any(self._has_params(self.functions[e.attrs["module"]])
-                                      for e in fn.eqns if e.op == "call")
 
 
 # ---------------------------------------------------------------- primitives
@@ -1235,21 +1228,19 @@ def _mask(lw: Lowerer, e: Eqn, ins: list[V], scope: Scope) -> V:
     attention reads what it means from the lowering."""
     if ins:
         return ins[0]
-    own = tuple(lw.ev(d, scope.env) for d in e.outs[0].type.shape[-2:])
-    return V("real", (), own, kind="mask")
+    return V("real", (), tuple(lw.ev(d, scope.env) for d in e.outs[0].type.shape[-2:]))
 
 
 def _mask_tensor(lw: Lowerer, e: Eqn, ins: list[V], scope: Scope) -> V:
     rows, cols = (lw.ev(d, scope.env) for d in e.outs[0].type.shape[-2:])
     cols = cols + lw.from_past(cols)  # the incremental form: the new rows, every column
     label = _label(e, scope, "mask")
-    table = lw.causal_table(rows, cols, label) if e.attrs["causal"] else \
-        lw.g.op("Expand", [lw.g.const(0.0, "real"), lw.shape_of([rows, cols])], label)
-    if not e.attrs["bias"]:
-        return _out(lw, e, scope, (), "real", table)
-    bias = lw.as_real(lw.canonical(ins[0]))
-    out = lw.g.op("Add", [bias.name, table], f"{label}/bias")
-    return _out(lw, e, scope, bias.roles, "real", out, fam=bias.fam)
+    if e.attrs["causal"]:
+        table = lw.causal_table(rows, cols, label)
+    else:
+        table = _out(lw, e, scope, (), "real", lw.g.op(
+            "Expand", [lw.g.const(0.0, "real"), lw.shape_of([rows, cols])], label))
+    return lw.plus_bias(ins[0], table, f"{label}/bias") if e.attrs["bias"] else table
 
 
 LOWER = {
@@ -1356,20 +1347,11 @@ def _attention(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
     cached = callee.path in lw.sites
     if cached:  # the incremental form: keys of the earlier positions too
         k, v = lw.extend_cache(callee.path, k, v)
-    if kind is not None and kind.causal and (kind.bias or cached or q.own[0] != k.own[0]):
+    if kind is not None and kind.causal and (kind.bias or cached):
         # the causal part as a tensor aligned to the keys' end, plus the bias: one mask
-        if cached:
-            table = lw.offset_causal(q.own[0], k.own[0])
-        else:
-            name = lw.causal_table(q.own[0], k.own[0], f"{callee.path}/Mask^AR")
-            table = V("real", (), (q.own[0], k.own[0]), name=name)
-            lw.info(name, table)
-        if kind.bias:
-            bias_v = lw.as_real(lw.canonical(mask))
-            name = lw.g.op("Add", [bias_v.name, table.name], f"{callee.path}/mask")
-            table = V("real", bias_v.roles, bias_v.own, name=name, fam=bias_v.fam)
-            lw.info(name, table)
-        mask, kind = table, None
+        table = lw.causal_table(q.own[0], k.own[0], f"{callee.path}/Mask^AR")
+        mask = lw.plus_bias(mask, table, f"{callee.path}/mask") if kind.bias else table
+        kind = None
     causal = kind is not None and kind.causal
     if kind is not None:
         mask = None  # attention runs it as is_causal, or without a mask
@@ -1407,9 +1389,7 @@ def _attention_equations(lw: Lowerer, callee: Scope, q: V, k: V, v: V, mask: V |
                          causal: bool) -> V:
     path = callee.path
     if causal:
-        name = lw.causal_table(q.own[0], k.own[0], f"{path}/Mask^AR")
-        mask = V("real", (), (q.own[0], k.own[0]), name=name)
-        lw.info(name, mask)
+        mask = lw.causal_table(q.own[0], k.own[0], f"{path}/Mask^AR")
     roles = lw.merge_roles(q, k, v, *([] if mask is None else [mask]))
     q, k, v = (lw.as_real(lw.canonical(x)) for x in (q, k, v))
     kt = lw.g.op("Transpose", [lw.align(k, roles, 2, full=True)], f"{path}/K^T",

@@ -27,8 +27,9 @@ from ...elaborate.intrinsics import intrinsic, is_kind
 from ...elaborate.ir import Ell, Eqn, Operand, TensorType, sequence_symbols
 from ...elaborate.symbolic import Atom, Poly
 from ...lowering import guards, prepare
+from ...lowering.families import has_params
 from ...lowering.layers import invariant
-from ...lowering.masks import PER_USE, kind_of_input
+from ...lowering.masks import PER_USE, MaskKind, from_caller, kind_of_input
 from ...lowering.signature import Number, Text, at, run_lengths, signature_form
 from ...names import (
     FUNCTIONAL,
@@ -1000,7 +1001,6 @@ def _matmul(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
         # family axis moved in front of the member's rows
         fam = e.family[1] if e.family else y.type.family
         size = py_poly(fam, b.sym) if fam is not None else "-1"
-        b.gen.uses_project = True
         prod = f"project({x.expr}, {y.stored}.flatten(-2)).unflatten(-1, ({size}, -1))"
         r = x.layout.rank
         return prod if r == 1 else f"{prod}.movedim(-2, {-r - 1})"
@@ -1008,7 +1008,6 @@ def _matmul(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
     weight = _weight(b, e, y)
     if weight is not None and x.layout.rank != 0:
         # activations times a weight matrix (or its transpose): see project in the template
-        b.gen.uses_project = True
         return f"project({xs}, {weight})"
     ys = _align(b, y, out) if y.layout.rank and y.layout.rank >= 2 else y.expr
     if y.layout.rank == 1 and (y.layout.lead or y.layout.fam):
@@ -1118,7 +1117,6 @@ def _index(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
             raise Unsupported("an index by a tensor mixed with `:` or a single position")
         # every axis indexed by a tensor: the leading axes of the base and of the indices
         # broadcast at run time
-        b.gen.uses_take = True
         return f"take({base.expr}, {len(kinds)}, {out.rank}, {', '.join(items)})"
     if tensors:
         if b.gen.in_module:
@@ -1215,7 +1213,6 @@ def _mask_tensor(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
     if b.gen.by_position(cols_d) and b.start is not None:
         cols = f"{b.start} + {cols}"  # step(): the new rows of the table, every column
     if e.attrs["causal"]:
-        b.gen.uses_causal = True
         table = f"causal_mask({rows}, {cols}, {b.device})"
     else:
         table = f"torch.zeros({rows}, {cols}, device={b.device})"
@@ -1381,10 +1378,8 @@ class Generator:
         for s, name in self.run_length.items():
             self.comment_sym[s] = name
         self.classes: list[ClassView] = []
+        self._flags: dict[str, dict[str, str]] = {}  # mask_flags, per module
         self.class_of: dict[str, str] = {}
-        self.uses_causal = False
-        self.uses_take = False
-        self.uses_project = False
         try:  # the key/value cache form, for a model whose attention is causal
             self.incremental = derive(cfg.model, cfg.functions)  # on the elaborated IR
         except NotIncremental:
@@ -1579,10 +1574,6 @@ class Generator:
         lines: list[Line]
         if fused_forward(fn) is not None:
             lines = fused_forward(fn)(body, fn, inputs)
-            kind = kind_of_input(fn, intrinsic(fn).mask_input or "")
-            if kind is not None and kind.causal is not False and \
-                    (kind.bias or self.incremental is not None):
-                self.uses_causal = True  # causal_mask() aligned to the keys
             subs = []
         else:
             body.lower(fn.eqns)
@@ -1677,18 +1668,23 @@ class Generator:
             else:
                 args.append(f"{ident(s)}={py_poly(value, caller_sym)}")
         for inp, flag in self.mask_flags(fn).items():
-            given = e.attrs["masks"][inp]  # "causal", "none", or "=X": the caller's own
-            value = f"self.{(caller_flags or {})[given[1:]]}" if given.startswith("=") \
-                else str(given == "causal")
+            given = e.attrs["masks"][inp]
+            own = from_caller(given)  # the caller's own flag, or this use's kind
+            value = f"self.{(caller_flags or {})[own]}" if own is not None \
+                else str(MaskKind.of(given).causal)
             args.append(f"{flag}={value}")
         return f"{cls}({', '.join(args)})"
 
     def mask_flags(self, fn: ir.Function) -> dict[str, str]:
         """Constructor flags of a module given Mask^AR at some uses and Mask^BD at others
         (lowering/masks.py: PER_USE): input -> the flag saying which this use is."""
-        per_use = [v.name for v in fn.inputs if fn.mask_inputs.get(v.name) == PER_USE.text]
-        taken = {ident(s) for s in self.static_symbols(fn)}
-        flags = {}
+        if fn.name in self._flags:
+            return self._flags[fn.name]
+        per_use = [v.name for v in fn.inputs if kind_of_input(fn, v.name) == PER_USE]
+        # besides the sizes, `self.` holds the module's parameters and submodules
+        taken = {ident(s) for s in self.static_symbols(fn)} | {ident(p.name) for p in fn.params} \
+            | {ident(e.attrs["instance"]) for e in fn.eqns if e.op == "call"}
+        flags = self._flags[fn.name] = {}
         for name in per_use:
             flag = "causal" if len(per_use) == 1 else f"{ident(name)}_causal"
             while flag in taken:
@@ -1745,7 +1741,7 @@ class Generator:
                 if fused_forward(fn) is None:
                     kw.append(f"dtype={b.real_dtype}")
             args.extend(kw)
-        if e.family is not None and self._has_params(fn.name):
+        if e.family is not None and has_params(fn, self.functions):
             raise Unsupported(f"`{fn.name}` has parameters but is used once per family member")
         call = f"{target}({', '.join(args)})"
         return [call if rows is None else f"{call}[{':, ' * rows}{b.start}:]"]
@@ -1763,10 +1759,6 @@ class Generator:
             raise Unsupported(f"`{fn.name}` along the positions inside the layers")
         return axis
 
-    def _has_params(self, name: str) -> bool:
-        fn = self.functions[name]
-        return bool(fn.params) or any(self._has_params(e.attrs["module"])
-                                      for e in fn.eqns if e.op == "call")
 
     # -- the layers
     def loop_lines(self, b: Body, e: Eqn, materialize: set[str]) -> list[Line]:
@@ -2279,8 +2271,8 @@ class Generator:
             imports="\n".join(imports),
             spec=safe_name(self.spec.path), model=model_view, layers=layer_classes,
             modules=modules, fields=fields, derived=derived, preset=self.preset,
-            uses_causal=self.uses_causal,
             # the helpers what is left after pruning calls, each emitted only then
+            uses_causal=bool(re.search(r"(?<![\w.])causal_mask\(", text)),
             uses_take=bool(re.search(r"(?<![\w.])take\(", text)),
             uses_project=bool(re.search(r"(?<![\w.])project\(", text)))
         source = template.render(**view, uses_math=True)
