@@ -280,3 +280,56 @@ def test_both_backends_call_each_run_length_the_same(tmp_path):
     axes = {i.name: [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim]
             for i in graph.graph.input}
     assert axes == {"x": ["batch", "T_n_src"], "y": ["batch", "T_m_"]}
+
+
+# ---------------------------------------------------------------- layouts
+
+SHIFTS = """\
+model Shifts {
+  hyper V = 9, n = 5, H = 4
+  input x: {1..V}^n
+  param W_e: R[V, H]
+  param W_p: R[n, H]
+  output y = OneHot(x - 1 + 1) @ W_e + OneHot(argmax(OneHot(x) @ W_e @ W_e^T)) @ W_e
+}
+"""
+
+
+def _layouts(model, functions):
+    from compiler.elaborate.ir import Loop
+    bodies = [fn.eqns for fn in functions.values()]
+    bodies += [item.body if isinstance(item, Loop) else [item] for item in model.body]
+    return [(e, v) for eqns in bodies for e in eqns for v in e.outs]
+
+
+@pytest.mark.parametrize("path", sorted(str(p) for p in __import__("pathlib").Path(
+    "specs").glob("*.fgpt")))
+def test_every_lowered_value_carries_its_layout(path):
+    """After the lowering every value says where its axes are: as many own axes as its
+    type, a family axis exactly where the family rule puts one, integers held as given."""
+    from compiler.lowering import prepare
+    spec = load(path)
+    cfg = spec.configure(spec.presets()[0] if spec.presets() else None, {})
+    for e, v in _layouts(*prepare(cfg.model, cfg.functions)):
+        lay = v.layout
+        assert lay is not None, f"{e.op} -> {v.name} has no layout"
+        shape = v.type.member().shape
+        assert lay.rank is None or lay.rank == len(shape), (v.name, lay)
+        assert lay.held is None or v.type.dtype == "int", (v.name, lay)
+
+
+def test_integers_are_held_where_the_lowering_says_in_both_backends(tmp_path):
+    """Ids from 1 are held 0-based, `x - 1 + 1` is the same entries with the offset moved
+    (nothing computed), positions from argmax are held 0-based into a lookup; both
+    backends compute the spec's numbers."""
+    from compiler.lowering import prepare
+    path = tmp_path / "shifts.fgpt"
+    path.write_text(SHIFTS)
+    cfg = load(str(path)).configure(None, {})
+    model, functions = prepare(cfg.model, cfg.functions)
+    held = {e.op: v.layout.held for e, v in _layouts(model, functions)
+            if v.type.dtype == "int"}
+    assert str(held["argmax"]) == "1" and held["add"] is not None
+    assert str(held["add"]) == "1"  # x (held 1) - 1 + 1: held 1 again, no Add in the graph
+    from test_backend_constructs import both_backends
+    assert max(both_backends(tmp_path, SHIFTS, lengths=(5, 3))) <= 1e-5

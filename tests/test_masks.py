@@ -159,11 +159,21 @@ def test_a_module_given_different_masks_is_told_at_each_use(tmp_path):
 
 
 def test_a_module_given_a_tensor_at_some_use_takes_tensors(tmp_path):
-    """When one use gives a module a mask that is a tensor, every use does: the masks by
-    meaning become their tensors where they are passed."""
-    text = TWO.replace("  output probs", "  Z = MH(LN(H^(L)), Zeros) + H^(L)\n  output probs") \
+    """When one use gives a module a mask that is a tensor (a spec's own causal mask),
+    every use does: the masks by meaning become their tensors where they are passed."""
+    text = TWO.replace("  output probs", "  Z = MH(LN(H^(L)), Causal) + H^(L)\n  output probs") \
         .replace("LN(H^(L)) @ W_e^T", "LN(Z) @ W_e^T")
     eqns, functions = _lowered(tmp_path, text)
     assert functions["MH"].mask_inputs == {} and functions["Attention"].mask_inputs == {}
     assert sorted(e.attrs["causal"] for e in eqns if e.op == "mask_tensor") == [False, True]
     assert max(both_backends(tmp_path, text, lengths=(6, 3))) <= 1e-5
+
+
+def test_a_modules_own_zeros_are_no_mask(tmp_path):
+    """A spec's own module that is zero everywhere (the Transformer's m x n `Mask^X` for
+    cross-attention) means no mask, as Mask^BD does: attention runs without one."""
+    spec = load("specs/transformer.fgpt")
+    cfg = spec.configure(None, {})
+    model, funcs = prepare(cfg.model, cfg.functions)
+    assert funcs["MHA"].mask_inputs == {"Mask": "none"}
+    assert max(both_backends(tmp_path, TWO_OWN, lengths=(6, 3))) <= 1e-5

@@ -31,13 +31,11 @@ import re
 import shutil
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 from conftest import GOLDEN, ROOT, all_specs, fgc
 
-from compiler.backends.torch import codegen
 from compiler.cli import main as fgc_main
 from compiler.emit import compile_spec
 from compiler.errors import FgcError
@@ -889,106 +887,7 @@ def test_in_process_errors_leave_nothing(tmp_path):
 
 
 # ---------------------------------------------------------------- (h) operands and wrapping
-
-def _same_meaning(a: str, b: str) -> bool:
-    """Whether two pieces of Python parse to the same tree (brackets and layout aside)."""
-    return ast.dump(ast.parse(textwrap.dedent(a))) == ast.dump(ast.parse(textwrap.dedent(b)))
-
-
-class _Put(ast.NodeTransformer):
-    """The tree of a template with its one `__x` replaced by the tree of an operand."""
-
-    def __init__(self, tree: ast.expr):
-        self.tree = tree
-
-    def visit_Name(self, node: ast.Name) -> ast.AST:
-        return self.tree if node.id == "__x" else node
-
-
-# where an operand goes: each side of each kind of operator, and the places it needs none
-TEMPLATES = ["{{x}} + h", "h - {{x}}", "{{x}} - h", "h * {{x}}", "{{x}} @ W", "h / {{x}}",
-             "{{x}} ** 2", "2 ** {{x}}", "-{{x}}", "~{{x}}", "not {{x}}", "{{x}} & m",
-             "m | {{x}}", "{{x}} == y", "y < {{x}}", "{{x}} and y", "y or {{x}}",
-             "{{x}} if c else y", "y if {{x}} else z", "y if c else {{x}}", "{{x}}.sum(-1)",
-             "{{x}}[0]", "{{x}}(1)", "f({{x}}, y)", "[{{x}}]", "x[:{{x}}]",
-             "[s for s in {{x}}]"]
-OPERANDS = ["a", "a.b(c)", "(a, b)", "-a", "a ** b", "a * b", "a @ b", "a + b", "a - b",
-            "a & b", "a | b", "a == b", "a < b < c", "not a", "a and b", "a or b",
-            "a if c else b", "lambda: a"]
-
-
-@pytest.mark.parametrize("template", TEMPLATES)
-def test_operands_bracketed_by_precedence(template):
-    """Every operand in every place: the text means what the template with the operand's
-    tree in it means, and has brackets only where leaving them out would change that."""
-    place = ast.parse(codegen.REF.sub("__x", template), mode="eval")
-    for x in OPERANDS:
-        (wanted,) = codegen.slot_precedences(template)
-        text = codegen.REF.sub(codegen.operand(x, wanted), template)
-        meant = _Put(ast.parse(x, mode="eval").body).visit(
-            ast.parse(ast.unparse(place), mode="eval"))
-        assert ast.dump(ast.parse(text, mode="eval")) == ast.dump(meant), (template, x, text)
-        bare = codegen.REF.sub(x, template)
-        try:
-            bare_means = ast.dump(ast.parse(bare, mode="eval"))
-        except SyntaxError:
-            bare_means = None
-        if bare_means == ast.dump(meant):
-            assert text == bare, f"{text!r}: brackets where {bare!r} means the same"
-
-
-def test_infix_brackets_each_side_by_its_operator():
-    assert codegen.infix("a - b", "-", "c - d") == "a - b - (c - d)"
-    assert codegen.infix("a if c else b", "+", "x") == "(a if c else b) + x"
-    assert codegen.infix("a == b", "&", "not c") == "(a == b) & (not c)"
-    assert codegen.infix("-a", "**", "-b") == "(-a) ** -b"
-
-
-# lines the backend writes, each too long for some widths: a conditional operand, a sum of
-# products, a call chain, a list of cache sites from a comprehension, a tuple returned, a
-# mask of comparisons, a floor division (never split) before a call
-LINES = [
-    "H_l = (self.attn(self.LN_1(H_prev), M_l) if self.l % 2 == 1 else "
-    "self.ff_1(self.LN_2(H_prev))) + H_prev",
-    "H_l = H_prev - (self.attn(self.LN_1(H_prev), M_l) - self.ff_1(self.LN_2(H_prev)))",
-    "y = (self.GELU_erf(project(X, self.W) + self.b) @ self.w) * self.scale + self.b_P",
-    "z = (x if c else y).sum(-1, keepdim=True).movedim(-3, -2).flatten(-2)",
-    "mask_st = self.Mask_ST(n=start + T, w=self.config.w, device=device, dtype=self.W_e.dtype)"
-    "[start:]",
-    "return [site for layer in self.layers for site in (layer.MH_1.Attention, "
-    "layer.MH_2.Attention)]",
-    "return self.logits_head(H_prev, mask_ar), [site.cache for site in sites]",
-    "seen = (ri == rj) & (one | (uj == ui) | (uj == ui - self.c)) | (not one) & back",
-    "rows = (positions_of_the_run // self.block_size).sum(-1, keepdim=True) - (-offset)",
-]
-
-
-@pytest.mark.parametrize("code", LINES, ids=range(len(LINES)))
-def test_wrapped_line_keeps_its_meaning(code, monkeypatch):
-    """At every line width, what the backend writes for a line (with its comment) parses
-    as the line: wrapping moves line breaks and adds brackets, never takes one away
-    (`(a if c else b) + H_prev` once lost its, and the odd layers their residual)."""
-    in_def = code.startswith("return ")  # a return parses inside a function only
-    wrapped_at = set()
-    for width in range(24, 130):
-        monkeypatch.setattr(codegen, "WIDTH", width)
-        text = codegen.Line(code, "(B, T, H)  spec.fgpt:12").text
-        source = "def f():\n" + text if in_def else text
-        reference = "def f():\n    " + code if in_def else code
-        assert _same_meaning(source, reference), f"at width {width}:\n{text}"
-        wrapped_at.add(text.count("\n"))
-    assert len(wrapped_at) > 2  # the widths did make it wrap, in more than one way
-
-
-def test_wrapped_conditional_operand_stays_bracketed(monkeypatch):
-    """The regression of tests/differential/conditional_sublayer_wrapped.fgpt: the line
-    just too long for its brackets, short enough without them."""
-    code = ("H_l = (self.attn(self.LN_1(H_prev), M_l) if self.l % 2 == 1 else "
-            "self.ff_1(self.LN_2(H_prev))) + H_prev")
-    text = codegen.Line(code).text
-    assert _same_meaning(text, code), text
-    assert "(\n" in text and "\n            + H_prev" in text, text
-
+# (tests/test_pyexpr.py: brackets and line layout come from the expression trees)
 
 
 # ---------------------------------------------------------------- (i) Config and build()

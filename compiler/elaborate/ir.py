@@ -216,9 +216,26 @@ def format_type(t: TensorType) -> str:
     return base
 
 
+class Layout(_Base):
+    """Where a value's axes are in every backend, and how its integers are held: decided
+    once by the lowering (lowering/layout.py) and printed by each backend as it is.
+
+    A value's tensor has `lead` axes first (the batch, and the family axes of the module
+    uses it is computed in), then its own family axis when `fam` (the heads of multi-head
+    attention, computed together), then its `rank` own dimensions (None where `...` stands
+    for some). An integer is held as its spec value minus `held` (ids from 1 held 0-based,
+    so that indexing and row lookups read them as they are); None: as it is."""
+
+    lead: bool = False
+    fam: bool = False
+    rank: int | None = 0
+    held: Size | None = None
+
+
 class Value(_Base):
     name: str
     type: TensorType
+    layout: Layout | None = None  # after the lowering
 
 
 class Operand(_Base):

@@ -7,13 +7,15 @@ functions)` locates what no backend can lower, so that `fgc check` refuses it wi
 and column instead of `fgc compile` failing later. `layers` decides which equations of a
 layer body every layer computes alike (hoisted); `signature.run_lengths` names the sizes
 read off the inputs at run time.
+`layout` puts on every value where its axes are and how its integers are held.
 `masks` decides what each attention mask means (none, causal, a bias plus either) and where
-a mask becomes a tensor. `guards` reads a layer condition from its syntax tree, for every
-backend. Backends build on the prepared IR; `check` runs without torch or onnx.
+a mask becomes a tensor. A layer condition is read from its syntax tree
+(`elaborate.elaborator.guard_tree`) by every backend. Backends build on the prepared IR;
+`check` runs without torch or onnx.
 """
 
 from ..elaborate import ir
-from . import families, lookups, masks
+from . import families, layout, lookups, masks
 from .families import check
 
 # every operation the lowering introduces; each backend's op table has an entry for each
@@ -26,7 +28,8 @@ def prepare(model: ir.Model, functions: dict[str, ir.Function]
     stand for, and masks by meaning (`masks`); the arguments are not changed."""
     model, functions = families.prepare(model, functions)
     model, functions = lookups.prepare(model, functions)
-    return masks.prepare(model, functions)
+    model, functions = masks.prepare(model, functions)
+    return layout.annotate(model, functions)
 
 
 __all__ = ["LOWERED_OPS", "check", "prepare"]

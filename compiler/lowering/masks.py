@@ -125,12 +125,25 @@ def _fold_add(e: Eqn, kinds: dict[str, MaskKind]) -> tuple[MaskKind, Operand] | 
 def mask_of_call(e: Eqn, functions: dict[str, ir.Function]) -> MaskKind | None:
     if e.op != "call" or e.ins:
         return None
-    meaning = mask_kind(functions.get(e.attrs["module"]))
+    fn = functions.get(e.attrs["module"])
+    meaning = NO_MASK if _zeros(fn) else mask_kind(fn)
     if meaning == CAUSAL:
         return MaskKind(True, False)
     if meaning == NO_MASK:
         return MaskKind(False, False)
     return None
+
+
+def _zeros(fn: ir.Function | None) -> bool:
+    """A module of sizes alone that is zero everywhere (a spec's own `Mask^X[i, j] = 0`
+    over m queries and n keys): no mask, whatever its name."""
+    if fn is None or fn.inputs or fn.params or len(fn.outputs) != 1:
+        return False
+    out = next((e for e in fn.eqns if any(v.name == fn.outputs[0].name for v in e.outs)),
+               None)
+    return out is not None and out.op == "broadcast_to" and len(out.ins) == 1 and \
+        out.ins[0].name is None and out.ins[0].const == 0 and \
+        len(out.outs[0].type.shape) == 2
 
 
 def analyse(model: ir.Model, functions: dict[str, ir.Function]

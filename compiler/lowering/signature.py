@@ -68,6 +68,14 @@ PAST = "past"  # the incremental form's run-time size: positions the cache holds
 LOGITS = "logits"  # the extra output holding the final Softmax's input
 
 
+def by_position(d, length: str | None) -> bool:
+    """Whether a size runs along the incremental form's new positions (`length`, named as
+    the caller names sizes; None outside that form): a table of positions or a parameter
+    along it is read from the first new position (the past's length) on, and a causal
+    table has a column for every cached position too."""
+    return length is not None and isinstance(d, Poly) and length in d.symbols()
+
+
 def run_lengths(model: ir.Model, functions: dict[str, ir.Function]) -> dict[str, str]:
     """Each size read off the inputs at run time -> its name in the signature's dims, the
     ONNX graph's axes and the torch module's variables: `T` when there is one, `T_<symbol>`

@@ -42,9 +42,19 @@ def format_eqn(e: ir.Eqn) -> str:
         line += f"  for {e.family[0]} in 1..{format_poly(e.family[1])}"
     if e.guards:
         line += "  when " + " and ".join(str(g) for g in e.guards)
+    if e.outs and e.outs[0].layout is not None:  # after the lowering (lowering/layout.py)
+        line += "  " + " ".join(format_layout(v.layout) for v in e.outs)
     if e.span is not None:
         line += f"  # {Path(e.span.file).name}:{e.span.line}"
     return line
+
+
+def format_layout(x: ir.Layout) -> str:
+    """`@[*, fam | 2]`: the leading axes, the family axis, how many own dimensions (and
+    how integers are held: `held 1` is 0-based ids)."""
+    axes = (["*"] if x.lead else []) + (["fam"] if x.fam else [])
+    text = f"@[{', '.join(axes)}{' | ' if axes else ''}{'...' if x.rank is None else x.rank}"
+    return text + (f", held {format_poly(x.held)}]" if x.held is not None else "]")
 
 
 def format_function(fn: ir.Function) -> str:

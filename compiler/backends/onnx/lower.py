@@ -37,16 +37,17 @@ from ...elaborate.symbolic import Atom, Poly, format_poly
 from ...lowering import prepare
 from ...lowering.families import has_params
 from ...lowering.layers import invariant
+from ...lowering.layout import shifted
 from ...lowering.masks import site_kinds
-from ...lowering.signature import LOGITS, PAST, run_lengths, signature
+from ...lowering.signature import LOGITS, PAST, by_position, run_lengths, signature
 from ...names import family_layout, ident
-from ...passes.families import eqn_has_axis
 from ...passes.incremental import Incremental, derive
 from .graph import ORT_DOMAIN, Graph, Node
 
 DEFAULT_OPSET = 23
 MIN_OPSET = 18
 MAX_OPSET = 25
+SPEC_VALUE = ir.Layout()  # integers as the spec's values
 CONST_LIMIT = 64 * 1024  # bytes: a larger table of indices is a Range, made at run time
 
 
@@ -311,8 +312,7 @@ class Lowerer:
     def from_past(self, d: Poly) -> Poly:
         """Where a size's positions begin: after the past for the generated length of
         the incremental form (a table of positions is read from row P on), else at 0."""
-        if self.generated is not None and isinstance(d, Poly) and \
-                self.generated in d.symbols():
+        if by_position(d, self.generated):
             return Poly.sym(PAST)
         return Poly.const(0)
 
@@ -414,6 +414,21 @@ class Lowerer:
         x = self.math(v) if v.dtype == "int" else v.name
         out = self.g.op("Cast", [x], f"{v.name}/real", to=1)
         return V("real", v.roles, v.own, name=out, fam=v.fam)
+
+    def held(self, layout: ir.Layout, scope: Scope) -> int:
+        """How far below the spec's values a layout holds integers, as a number."""
+        return 0 if layout.held is None else _int(self.ev(layout.held, scope.penv))
+
+    def hold(self, v: V, layout: ir.Layout, scope: Scope) -> V:
+        """`v` held as `layout` says (its entries shifted where `v` holds them otherwise)."""
+        want = self.held(layout, scope)
+        if v.dtype != "int" or v.offset == want:
+            return v
+        v = self.canonical(v)
+        name = self.g.op("Add", [v.name, self.g.const(v.offset - want, "int")],
+                         f"{v.name}/held")
+        return replace(v, name=name, offset=want, packed=None, kind=None, lazy=None,
+                       stored=None)
 
     def zero_based(self, v: V) -> str:
         v = self.canonical(v)
@@ -702,7 +717,8 @@ class Lowerer:
             err.span = err.span or e.span
             raise
         for out, v in zip(e.outs, outs):
-            scope.vals[out.name] = v
+            v = scope.vals[out.name] = self.hold(v, out.layout, scope)
+            _as_laid_out(v, out.layout)
 
     def family_role(self, e: Eqn, scope: Scope) -> Role | None:
         if e.family is None:
@@ -806,7 +822,7 @@ class Lowerer:
             if key in self.memo:
                 return self.memo[key][1]
         for decl, v in zip(fn.inputs, ins):
-            callee.vals[decl.name] = v
+            callee.vals[decl.name] = self.hold(v, SPEC_VALUE, scope)  # a module takes those
         if role is not None and fn.params:
             raise Unsupported(f"`{fn.name}` has parameters but is used once per family member")
         for inner in fn.eqns:
@@ -843,13 +859,30 @@ class Lowerer:
 
 
 
+def _as_laid_out(v: V, layout: ir.Layout) -> None:
+    """The graph holds a value with the own axes the lowering laid out (lowering/layout.py;
+    its integers are held as it says by `Lowerer.hold`). Family axes are roles here: a
+    value a module computes once per member carries the caller's, and one that reads
+    nothing per member is held once and broadcasts."""
+    if layout.rank is not None and len(v.own) != layout.rank:
+        raise AssertionError(f"a value laid out with {layout.rank} own axes is held with "
+                             f"{len(v.own)}")
+
+
 # ---------------------------------------------------------------- primitives
 
 
 def _out(lw: Lowerer, e: Eqn, scope: Scope, roles, dtype: str, name: str, offset: int = 0,
          fam: Role | None = None) -> V:
-    v = V(dtype, roles, lw.own(e.outs[0].type, scope), name=name, offset=offset, fam=fam)
-    lw.info(name, v)
+    """The result of `e` as its layout says (lowering/layout.py): `name` holds integers
+    `offset` below the spec's values, moved to where the layout holds them; the family
+    axis is `fam` where the layout has one."""
+    layout = e.outs[0].layout
+    v = V(dtype, roles, lw.own(e.outs[0].type, scope), name=name, offset=offset,
+          fam=fam if layout.fam else None)
+    if dtype == "int":
+        v = lw.hold(v, layout, scope)
+    lw.info(v.name, v)
     return v
 
 
@@ -866,8 +899,7 @@ def _rank(lw: Lowerer, e: Eqn, scope: Scope) -> int:
 def _roles_for(lw: Lowerer, e: Eqn, scope: Scope, ins: list[V]) -> tuple[tuple, Role | None]:
     role = lw.family_role(e, scope)
     roles = lw.merge_roles(*ins)
-    has = eqn_has_axis(e, [role is not None and v.fam is role for v in ins], lw.functions)
-    return roles, role if has and role in roles else None
+    return roles, role if e.outs[0].layout.fam and role in roles else None
 
 
 ONNX_BINARY = {"add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "pow": "Pow",
@@ -887,15 +919,13 @@ def _binary(lw: Lowerer, e: Eqn, ins: list[V], scope: Scope) -> V:
     roles, fam = _roles_for(lw, e, scope, ins)
     rank = _rank(lw, e, scope)
     label = _label(e, scope, ONNX_BINARY[e.op])
+    moved = shifted(e)
+    if moved is not None:  # x + c: x's entries, held c further (lowering/layout.py)
+        x = lw.canonical(ins[moved[0]])
+        return V("int", x.roles, x.own, name=x.name, fam=x.fam,
+                 offset=lw.held(e.outs[0].layout, scope))
     if a.dtype == "int" and b.dtype == "int" and e.op in ("add", "sub"):
         sign = 1 if e.op == "add" else -1
-        for x, y, swap in ((a, b, False), (b, a, True)):
-            if y.name and y.name in lw.g.consts.values() and not y.roles and not y.own and \
-                    (not swap or sign == 1):
-                c = int(lw.g.initializers[y.name])
-                x = lw.canonical(x)
-                return V("int", x.roles, x.own, name=x.name, offset=x.offset + sign * c,
-                         fam=x.fam)
         xa, yb = lw.align(a, roles, rank), lw.align(b, roles, rank)
         out = lw.g.op(ONNX_BINARY[e.op], [xa, yb], label)
         return _out(lw, e, scope, roles, "int", out, lw.canonical(a).offset + sign *

@@ -11,26 +11,27 @@ batched tensor, never a Python loop.
 
 from __future__ import annotations
 
-import ast
-import functools
+import dataclasses
 import json
 import math
 import re
-import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import jinja2
 
 from ...elaborate import ir
+from ...elaborate.elaborator import guard_tree
 from ...elaborate.intrinsics import intrinsic, is_kind
 from ...elaborate.ir import Ell, Eqn, Operand, TensorType, sequence_symbols
 from ...elaborate.symbolic import Atom, Poly
-from ...lowering import guards, prepare
+from ...errors import FgcError
+from ...lowering import prepare
 from ...lowering.families import has_params
 from ...lowering.layers import invariant
+from ...lowering.layout import JOINS, MOVES, READS_HELD, shifted
 from ...lowering.masks import PER_USE, MaskKind, from_caller, kind_of_input
-from ...lowering.signature import Number, Text, at, run_lengths, signature_form
+from ...lowering.signature import Number, Text, at, by_position, run_lengths, signature_form
 from ...names import (
     FUNCTIONAL,
     NAME,
@@ -43,8 +44,41 @@ from ...names import (
     safe_name,
     value_name,
 )
-from ...passes.families import eqn_has_axis
 from ...passes.incremental import NotIncremental, derive
+from ...syntax import nodes as S
+from .pyexpr import (
+    WIDTH,
+    Assert,
+    Assign,
+    Attr,
+    BinOp,
+    BoolOp,
+    Call,
+    Comp,
+    Compare,
+    Const,
+    Def,
+    Do,
+    Expr,
+    For,
+    FString,
+    If,
+    IfExp,
+    List,
+    Name,
+    Ref,
+    Return,
+    Slice,
+    Starred,
+    Subscript,
+    Tuple,
+    Unary,
+    all_of,
+    call,
+    dotted,
+    method,
+    statement_lines,
+)
 
 TEMPLATES = Path(__file__).parent / "templates"
 
@@ -81,52 +115,99 @@ class Unsupported(Exception):
 # ---------------------------------------------------------------- python for sizes
 
 
-def py_poly(p: Poly, sym: dict[str, str]) -> str:
-    """A Python integer expression for a size: `4*H`, `H // A`, `T + 2`."""
+def py_poly(p: Poly, sym: dict) -> Expr:
+    """A Python integer expression for a size: `4 * H`, `H // A`, `T + 2`."""
     if p.is_const():
         c = p.const_value()
-        return str(c.numerator) if c.denominator == 1 else repr(float(c))
-    terms = []
+        return Const(c.numerator if c.denominator == 1 else float(c))
+    out: Expr | None = None
     for mono, coef in sorted(p.terms.items(), key=lambda kv: str(kv[0])):
-        num = [_py_sym(s, sym) + (f" ** {e}" if e > 1 else "") for s, e in mono if e > 0]
-        den = [_py_sym(s, sym) + (f" ** {-e}" if e < -1 else "") for s, e in mono if e < 0]
-        text = " * ".join(([str(abs(coef.numerator))] if abs(coef.numerator) != 1 or not num
-                           else []) + num)
-        den_factor = ([str(coef.denominator)] if coef.denominator != 1 else []) + den
+        num = [_power(_py_sym(s, sym), e) for s, e in mono if e > 0]
+        den = [_power(_py_sym(s, sym), -e) for s, e in mono if e < 0]
+        factors = ([Const(abs(coef.numerator))] if abs(coef.numerator) != 1 or not num
+                   else []) + num
+        if coef < 0 and out is None:  # `-4 * H`, `-H * W`: the first factor negated
+            first = factors[0]
+            factors[0] = Const(-first.value) if isinstance(first, Const) else Unary("-", first)
+        term = _product(factors)
+        den_factor = ([Const(coef.denominator)] if coef.denominator != 1 else []) + den
         if den_factor:
-            text = f"{text} // " + (den_factor[0] if len(den_factor) == 1
-                                    else "(" + " * ".join(den_factor) + ")")
-        terms.append(("-" if coef < 0 else "+", text))
-    out = ""
-    for k, (sign, text) in enumerate(terms):
-        out += (("-" if sign == "-" else "") + text) if k == 0 else f" {sign} {text}"
+            term = BinOp(term, "//", _product(den_factor))
+        out = term if out is None else BinOp(out, "-" if coef < 0 else "+", term)
+    return out  # type: ignore[return-value]
+
+
+def _power(x: Expr, e: int) -> Expr:
+    return x if e == 1 else BinOp(x, "**", Const(e))
+
+
+def _product(factors: list[Expr]) -> Expr:
+    out = factors[0]
+    for f in factors[1:]:
+        out = BinOp(out, "*", f)
     return out
 
 
-def _py_sym(s, sym: dict[str, str]) -> str:
+def _py_sym(s, sym: dict) -> Expr:
     if isinstance(s, Atom):
         args = [py_poly(a, sym) for a in s.args]
-        if s.op == "div":
-            return f"(({args[0]}) // ({args[1]}))"
-        if s.op == "mod":
-            return f"(({args[0]}) % ({args[1]}))"
-        if s.op == "floor":
-            return f"math.floor({args[0]})"
-        if s.op == "ceil":
-            return f"math.ceil({args[0]})"
-        return f"{s.op}({', '.join(args)})"
+        if s.op in ("div", "mod"):
+            return BinOp(args[0], "//" if s.op == "div" else "%", args[1])
+        if s.op in ("floor", "ceil"):
+            return call(f"math.{s.op}", args[0])
+        return call(s.op, *args)
     try:
-        return sym[s]
+        value = sym[s]
     except KeyError:
         raise Unsupported(f"size `{s}` is not known where it is used") from None
+    return value if isinstance(value, Expr) else dotted(value)
 
 
-def py_const(c, sym: dict[str, str]) -> str:
+def py_const(c, sym: dict) -> Expr:
     if isinstance(c, float):
         if math.isinf(c):
-            return "-math.inf" if c < 0 else "math.inf"
-        return repr(c)
+            return Unary("-", dotted("math.inf")) if c < 0 else dotted("math.inf")
+        return Const(c)
     return py_poly(c, sym)
+
+
+def guard_expr(text: str, sym: dict) -> Expr:
+    """A guard (`l is odd`, `not (E != H)`) as a Python condition, each name as `sym`
+    spells it (`self.l`, a hyperparameter's field), any other through `ident`: built from
+    the tree of its condition, the elaborator's reading of it."""
+    return _guard(guard_tree(text), sym)
+
+
+_FLIP = {"==": "!=", "!=": "=="}
+
+
+def _guard(e: S.Expr, sym: dict) -> Expr:
+    match e:
+        case S.Not(operand=S.Parity() as p):  # `l is even`, not `not`
+            return _guard(dataclasses.replace(p, even=not p.even), sym)
+        case S.Not(operand=S.Compare(op=op) as c) if op in _FLIP:
+            return _guard(dataclasses.replace(c, op=_FLIP[op]), sym)
+        case S.Name(name=name):
+            value = sym.get(name) or ident(name)
+            return value if isinstance(value, Expr) else dotted(value)
+        case S.Num(value=v):
+            return Const(v.numerator if v.denominator == 1 else float(v))
+        case S.BoolOp(op=op, left=left, right=right):
+            first = _guard(left, sym)
+            values = first.values if isinstance(first, BoolOp) and first.op == op else (first,)
+            return BoolOp(op, (*values, _guard(right, sym)))
+        case S.Not(operand=x):
+            return Unary("not", _guard(x, sym))
+        case S.Parity(operand=x, even=even):
+            return Compare(BinOp(_guard(x, sym), "%", Const(2)), "==", Const(0 if even else 1))
+        case S.Compare(op=op, left=left, right=right):
+            return Compare(_guard(left, sym), op, _guard(right, sym))
+        case S.BinOp(op=op, left=left, right=right) if op in "+-*/%":
+            return BinOp(_guard(left, sym), op, _guard(right, sym))
+        case S.Neg(operand=x):
+            return Unary("-", _guard(x, sym))
+    raise FgcError("a layer condition holds sizes, comparisons, `is even`/`is odd` and "
+                   "and/or/not only", e.span)
 
 
 # ---------------------------------------------------------------- layouts
@@ -134,146 +215,34 @@ def py_const(c, sym: dict[str, str]) -> str:
 
 @dataclass(frozen=True)
 class Layout:
+    """`ir.Layout` (lowering/layout.py) without how integers are held, which a value
+    here keeps as `_Val.raw_lo`."""
+
     lead: bool  # leading axes before the spec's own: the batch, a caller's family axes
     fam: bool  # an own family axis just before the spec's dimensions
     rank: int | None  # rank of the spec's own dimensions; None when `...` is involved
+
+    @staticmethod
+    def of(layout: ir.Layout) -> Layout:
+        return Layout(layout.lead, layout.fam, layout.rank)
+
+
+def _reads_held(e: Eqn) -> bool:
+    """Whether `e` takes integers as they are held (lowering/layout.py): it reads ids
+    0-based, only moves entries, or adds held integers (their offsets add too)."""
+    return e.op in READS_HELD or e.op in MOVES or e.op in JOINS or \
+        e.op in ("select", "cond") and e.outs[0].layout.held is not None or \
+        e.op in ("add", "sub") and e.outs[0].type.dtype == "int"
 
 
 def _rank(t: TensorType) -> int | None:
     return None if any(isinstance(d, Ell) for d in t.shape) else len(t.shape)
 
 
-def _unsq(expr: str, times: int, at: int) -> str:
+def _unsq(expr: Expr, times: int, at: int) -> Expr:
     for _ in range(times):
-        expr = f"{expr}.unsqueeze({at})"
+        expr = method(expr, "unsqueeze", Const(at))
     return expr
-
-
-# ---------------------------------------------------------------- python precedence
-
-# Lines are built as text, so where an expression goes in as an operand of another it is
-# bracketed exactly when its outermost operator binds more loosely than its place wants.
-# The levels, loosest first, are those of the language reference's "Operator precedence"
-# (a bare tuple, loosest of all, goes in brackets anywhere).
-(TUPLE, LAMBDA, TERNARY, OR, AND, NOT, COMPARE, BIT_OR, BIT_XOR, BIT_AND, SHIFT, SUM,
- PRODUCT, UNARY, POWER, AWAIT, PRIMARY) = range(17)
-BINARY = {ast.BitOr: BIT_OR, ast.BitXor: BIT_XOR, ast.BitAnd: BIT_AND, ast.LShift: SHIFT,
-          ast.RShift: SHIFT, ast.Add: SUM, ast.Sub: SUM, ast.Mult: PRODUCT,
-          ast.MatMult: PRODUCT, ast.Div: PRODUCT, ast.FloorDiv: PRODUCT, ast.Mod: PRODUCT,
-          ast.Pow: POWER}
-REF = re.compile(r"\{\{(.+?)\}\}")  # a value in an expression not yet inlined: {{name}}
-
-
-def _level(node: ast.expr) -> int:
-    """The precedence of a parsed expression's outermost operator (the parse has lost any
-    brackets around the whole)."""
-    match node:
-        case ast.Lambda():
-            return LAMBDA
-        case ast.IfExp():
-            return TERNARY
-        case ast.BoolOp(op=ast.Or()):
-            return OR
-        case ast.BoolOp():
-            return AND
-        case ast.UnaryOp(op=ast.Not()):
-            return NOT
-        case ast.Compare():
-            return COMPARE
-        case ast.BinOp(op=op):
-            return BINARY[type(op)]
-        case ast.UnaryOp():
-            return UNARY
-        case ast.Await():
-            return AWAIT
-        case ast.Tuple() | ast.NamedExpr() | ast.Starred() | ast.Yield() | ast.YieldFrom():
-            return TUPLE
-    return PRIMARY
-
-
-@functools.lru_cache(maxsize=4096)
-def precedence(expr: str) -> int:
-    """How tightly a Python expression holds together as an operand: the level of its
-    outermost operator, PRIMARY for a name, a call, an attribute, a subscript, a literal
-    or anything in brackets. Values not yet inlined (`{{name}}`) count as names."""
-    text = REF.sub("_", expr).strip()
-    if re.fullmatch(r"[A-Za-z_][\w.]*", text) or _bracketed(text):
-        return PRIMARY
-    return _level(ast.parse(text, mode="eval").body)
-
-
-def operand(expr: str, wanted: int) -> str:
-    """`expr` where an operand of at least precedence `wanted` goes: bracketed when it
-    binds more loosely (`(a if c else b) + x`, `(x + y).sum(-1)`, `(-x).argmax(-1)`)."""
-    return expr if precedence(expr) >= wanted else f"({expr})"
-
-
-def _bracketed(expr: str) -> bool:
-    """Whether `expr` is one bracketed group, `(...)`, and not `(a) + (b)`."""
-    depth = 0
-    for k, ch in enumerate(expr):
-        if ch in "([{":
-            depth += 1
-        elif ch in ")]}":
-            depth -= 1
-            if depth == 0:
-                return ch == ")" and k == len(expr) - 1 and expr[0] == "("
-    return False
-
-
-def _wanted(parent: ast.AST, field_name: str) -> int:
-    """The precedence an operand in `field_name` of `parent` needs to go in unbracketed."""
-    match parent:
-        case ast.BinOp(op=ast.Pow()):  # -x ** 2 is -(x ** 2); 2 ** -x is fine
-            return AWAIT if field_name == "left" else UNARY
-        case ast.BinOp(op=op):  # left to right: a - (b - c) keeps its brackets
-            return BINARY[type(op)] + (field_name == "right")
-        case ast.UnaryOp(op=ast.Not()):
-            return NOT
-        case ast.UnaryOp():
-            return UNARY
-        case ast.BoolOp(op=ast.Or()):
-            return AND
-        case ast.BoolOp():
-            return NOT
-        case ast.Compare():  # comparisons chain: a < (b < c) is not a < b < c
-            return BIT_OR
-        case ast.IfExp():  # a if c else (b if d else e) needs none
-            return LAMBDA if field_name == "orelse" else OR
-        case ast.Attribute() | ast.Subscript() if field_name == "value":
-            return PRIMARY
-        case ast.Call() if field_name == "func":
-            return PRIMARY
-        case ast.comprehension() if field_name in ("iter", "ifs"):
-            return OR
-        case ast.Starred():
-            return BIT_OR
-    return LAMBDA  # an argument, an item, an index, a lambda's body: anything but a tuple
-
-
-@functools.lru_cache(maxsize=4096)
-def slot_precedences(template: str) -> tuple[int, ...]:
-    """For each `{{name}}` of an expression, in order, the precedence what replaces it
-    needs to go in unbracketed."""
-    count = iter(range(len(REF.findall(template))))
-    tree = ast.parse(REF.sub(lambda m: f"__ref{next(count)}", template).strip(), mode="eval")
-    wanted: dict[int, int] = {}
-
-    def visit(node: ast.AST, level: int) -> None:
-        if isinstance(node, ast.Name) and node.id.startswith("__ref"):
-            wanted[int(node.id[5:])] = level
-        for name, value in ast.iter_fields(node):
-            for child in value if isinstance(value, list) else [value]:
-                if isinstance(child, ast.AST):
-                    visit(child, _wanted(node, name))
-    visit(tree.body, LAMBDA)
-    return tuple(wanted[k] for k in range(len(wanted)))
-
-
-def infix(x: str, symbol: str, y: str) -> str:
-    """`x symbol y`, each side bracketed where the operator needs it."""
-    left, right = slot_precedences(f"{{{{x}}}} {symbol} {{{{y}}}}")
-    return f"{operand(x, left)} {symbol} {operand(y, right)}"
 
 
 # ---------------------------------------------------------------- view-model
@@ -281,238 +250,72 @@ def infix(x: str, symbol: str, y: str) -> str:
 
 @dataclass
 class Line:
-    code: str
+    """A statement of a method's body, `depth` blocks in (under an `if`, a `for`)."""
+
+    stmt: object  # a statement of pyexpr: Assign, Return, If, ...
     comment: str = ""
+    depth: int = 0
+
+    @property
+    def code(self) -> str:
+        return "    " * self.depth + self.stmt.code  # type: ignore[attr-defined]
 
     @property
     def text(self) -> str:
         """The line at method-body indentation, wrapped to WIDTH columns."""
-        if "\n" in self.code:
-            return "\n".join(" " * 8 + x for x in self.code.split("\n"))
-        return "\n".join(wrap(self.code, self.comment, " " * 8))
+        return "\n".join(statement_lines(self.stmt, self.comment, " " * (8 + 4 * self.depth)))
 
 
-WIDTH = 99
-
-
-def _split_top(args: str) -> list[str]:
-    parts, depth, cur = [], 0, ""
-    for ch in args:
-        if ch in "([{":
-            depth += 1
-        elif ch in ")]}":
-            depth -= 1
-        if ch == "," and depth == 0:
-            parts.append(cur.strip())
-            cur = ""
-        else:
-            cur += ch
-    if cur.strip():
-        parts.append(cur.strip())
-    return parts
-
-
-def _top_level(code: str, needles: tuple[str, ...]) -> list[int]:
-    """Positions of the needles outside any brackets."""
-    out, depth, k = [], 0, 0
-    while k < len(code):
-        ch = code[k]
-        if ch in "([{":
-            depth += 1
-        elif ch in ")]}":
-            depth -= 1
-        elif depth == 0:
-            for n in needles:
-                if code.startswith(n, k):
-                    out.append(k)
-                    break
-        k += 1
+def _paths(lines: list[Line]) -> set[str]:
+    """The names the lines read, and the dotted paths (`self.config.H`, `self.config`)."""
+    out = set()
+    for ln in lines:
+        for f in dataclasses.fields(ln.stmt):  # type: ignore[arg-type]
+            value = getattr(ln.stmt, f.name)
+            for e in value if isinstance(value, tuple) else [value]:
+                if isinstance(e, Expr):
+                    out.update(p for node in e.walk() if (p := _path(node)))
     return out
 
 
-def wrap(code: str, comment: str, indent: str) -> list[str]:
-    """One statement as lines of at most WIDTH columns: as is when it fits; else the
-    comment goes above, a long sum is split before its operators, and a long call gets
-    one argument per line."""
-    one = f"{indent}{code}" + (f"  # {comment}" if comment else "")
-    if len(one) <= WIDTH:
-        return [one]
-    head = [f"{indent}# {x}" for x in textwrap.wrap(comment, WIDTH - len(indent) - 2,
-                                                       break_long_words=False)]
-    if len(indent) + len(code) <= WIDTH:
-        return head + [indent + code]
-    parts = _split_top(code[7:]) if code.startswith("assert ") else []
-    if len(parts) == 2 and parts[1].startswith('f"'):
-        # `assert cond, f"...; ..."`: the message below, in pieces cut after its `; `
-        pieces = re.split(r"(?<=; )", parts[1][2:-1])
-        return head + [f"{indent}assert {parts[0]}, ("] + \
-            [f'{indent}    f"{x}"' for x in pieces] + [f"{indent})"]
-    eq = _top_level(code, (" = ",))
-    if eq and not code.startswith("return ") and not code.startswith("for "):
-        lhs, rhs = code[: eq[0]], code[eq[0] + 3:]
-        return head + _wrap_expr(rhs, indent, f"{lhs} = ", "")
-    if code.startswith("return "):
-        return head + _wrap_expr(code[7:], indent, "return ", "")
-    return head + _wrap_expr(code, indent, "", "")
+def _path(e: Expr) -> str | None:
+    """`self.config.H` for the attributes of attributes of a name; None for others."""
+    if isinstance(e, Name):
+        return e.id
+    if isinstance(e, Attr) and (head := _path(e.value)):
+        return f"{head}.{e.name}"
+    return None
 
 
-def _wrap_expr(expr: str, indent: str, before: str, after: str,
-               tuples: bool = True, split: bool = False) -> list[str]:
-    """`before + expr + after` in lines of at most WIDTH columns where it can be, at
-    `indent`; `split`: a sum or a conditional is split even where it fits (it brings
-    back the brackets it was taken out of)."""
-    line = f"{indent}{before}{expr}{after}"
-    if len(line) <= WIDTH and not split:
-        return [line]
-    inner = indent + "    "
-    if _top_level(expr, (" for ",)):  # a generator expression stays on one line
-        return [line]
-    if _outermost(expr) == TERNARY:  # `a if c else b`: a line each, bracketed
-        branch = _top_level(expr, (" if ",))[0]
-        orelse = _top_level(expr, (" else ",))[0]
-        return ([f"{indent}{before}("]
-                + _wrap_expr(expr[:branch], inner, "", "")
-                + _wrap_expr(expr[branch + 4:orelse], inner, "if ", "")
-                + _wrap_expr(expr[orelse + 6:], inner, "else ", "")
-                + [f"{indent}){after}"])
-    ops = _operators(expr)
-    if ops:  # a sum or a product: bracketed, a line before each of its outermost operators
-        terms, last = [], 0
-        for k in ops:
-            terms.append(expr[last:k])
-            last = k + 1
-        terms.append(expr[last:])
-        out = [f"{indent}{before}("]
-        out.extend(_wrap_expr(terms[0].strip(), inner, "", ""))
-        for t in terms[1:]:
-            t = t.strip()
-            op, rest = t[:1], t[1:].strip()
-            out.extend(_wrap_expr(rest, inner, f"{op} ", ""))
-        out.append(f"{indent}){after}")
-        return out
-    items = _split_top(expr)
-    if tuples and len(items) > 1 and (before.startswith("return ") or before.endswith(" = ")):
-        plain = _wrap_expr(expr, indent, before, after, tuples=False)
-        if all(len(x) <= WIDTH for x in plain):
-            return plain
-        # a tuple (the outputs returned) its last item cannot fit: one item per line
-        out = [f"{indent}{before}("]
-        for a in items:
-            out.extend(_wrap_expr(a, inner, "", ","))
-        out.append(f"{indent}){after}")
-        return out
-    if expr.startswith("[") and expr.endswith("]") and _split_top(expr) == [expr]:
-        # a list (torch.cat's operands): one item per line; a comprehension (the attentions
-        # of cache_sites()) takes no trailing comma
-        comma = "" if _top_level(expr[1:-1], (" for ",)) else ","
-        out = [f"{indent}{before}["]
-        for a in _split_top(expr[1:-1]):
-            out.extend(_wrap_expr(a, inner, "", comma))
-        out.append(f"{indent}]{after}")
-        return out
-    attr = re.search(r"(\.[A-Za-z_]\w*)+$", expr)
-    if attr and expr[:attr.start()].endswith(")"):
-        # `f(...).mT`: the call is wrapped, the attributes follow its closing bracket
-        return _wrap_expr(expr[:attr.start()], indent, before, attr.group() + after)
-    index = re.search(r"\[[^\[\]()]*\]$", expr)
-    if index and expr[:index.start()].endswith(")"):
-        # `f(...)[start:]`: the call is wrapped, the subscript follows its closing bracket
-        return _wrap_expr(expr[:index.start()], indent, before, index.group() + after)
-    if expr.endswith(")"):
-        depth, start = 0, None
-        for k in range(len(expr) - 1, -1, -1):
-            ch = expr[k]
-            if ch in ")]":
-                depth += 1
-            elif ch in "([":
-                depth -= 1
-                if depth == 0:
-                    start = k
-                    break
-        if start == 0 and (_outermost(expr[1:-1]) == TERNARY or _operators(expr[1:-1])):
-            # a bracketed sum or conditional: split, it brings its brackets back
-            return _wrap_expr(expr[1:-1], indent, before, after, split=True)
-        links = _chain(expr)
-        if start is not None and len(links) > 1 and \
-                len(f"{indent}{before}{expr[:start + 1]}") > WIDTH:
-            # `f(...).unflatten(...).movedim(...)` too long to open its last call: one link
-            # of the chain per line, bracketed
-            out = [f"{indent}{before}("]
-            for link in links:
-                out.extend(_wrap_expr(link, inner, "", ""))
-            out.append(f"{indent}){after}")
-            return out
-        if start is not None:
-            is_call = start > 0 and (expr[start - 1].isalnum() or expr[start - 1] in "_])")
-            args = _split_top(expr[start + 1:-1]) if is_call else [expr[start + 1:-1]]
-            # a generator, the call's only argument, takes no trailing comma
-            alone = len(args) == 1 and _top_level(args[0], (" for ",))
-            comma = "," if is_call and not alone else ""
-            out = [f"{indent}{before}{expr[:start + 1]}"]
-            for a in args:
-                out.extend(_wrap_expr(a, inner, "", comma))
-            out.append(f"{indent}){after}")
-            return out
-    return [line]
-
-
-# where a sum or a product too long for a line is split (`//` never is)
-SPLIT_AT = {SUM: (" + ", " - "), PRODUCT: (" @ ", " * ", " / ", " % ")}
-
-
-def _operators(expr: str) -> list[int]:
-    """Where a sum or a product is split: the positions of its outermost operators."""
-    level = _outermost(expr)
-    return _top_level(expr, SPLIT_AT[level]) if level in SPLIT_AT else []
-
-
-def _outermost(code: str) -> int | None:
-    """The precedence of an expression's outermost operator; None for code that is not an
-    expression (`def f(x, y)`)."""
-    try:
-        return precedence(code)
-    except SyntaxError:
-        return None
-
-
-def _chain(expr: str) -> list[str]:
-    """`f(x).g(y).h` -> [`f(x)`, `.g(y)`, `.h`]: the links of a method chain, split at each
-    `.` that follows a closing bracket outside any bracket."""
-    links, depth, last = [], 0, 0
-    for k, ch in enumerate(expr):
-        if ch in "([{":
-            depth += 1
-        elif ch in ")]}":
-            depth -= 1
-        elif ch == "." and depth == 0 and k > 0 and expr[k - 1] in ")]":
-            links.append(expr[last:k])
-            last = k
-    return links + [expr[last:]]
+def _values(exprs: list[Expr]) -> Expr:
+    """What a line returns: one value, or several as a bare tuple."""
+    return exprs[0] if len(exprs) == 1 else Tuple(tuple(exprs), bare=True)
 
 
 @dataclass
 class ParamView:
     attr: str
-    shape: str  # python tuple expression
+    shape: tuple[Expr, ...]
     comment: str
     init: str  # "normal" | "zeros" | "ones"
 
     @property
     def text(self) -> str:
         """The declaration inside `__init__`, its comment above it when the line is long."""
-        return "\n".join(wrap(f"self.{self.attr} = nn.Parameter(torch.empty{self.shape})",
-                               self.comment, " " * 8))
+        empty = Call(dotted("torch.empty"), self.shape, trailing_comma=len(self.shape) == 1)
+        stmt = Assign((dotted(f"self.{self.attr}"),), call("nn.Parameter", empty))
+        return "\n".join(statement_lines(stmt, self.comment, " " * 8))
 
 
 @dataclass
 class SubView:
     attr: str
-    ctor: str
+    ctor: Expr
 
     @property
     def text(self) -> str:
         """`attr = ctor` inside `__init__`, wrapped at the line width."""
-        return "\n".join(wrap(f"{self.attr} = {self.ctor}", "", " " * 8))
+        return "\n".join(statement_lines(Assign((dotted(self.attr),), self.ctor), "", " " * 8))
 
 
 @dataclass
@@ -523,50 +326,31 @@ class ClassView:
     init_lines: list[str]
     params: list[ParamView]
     subs: list[SubView]
-    forward_args: str
+    forward_args: list[str]
     body: list[Line]
     kind: str = "module"  # "module" | "layer" | "model"
     extra_methods: list[str] = field(default_factory=list)
 
     @property
     def init_def(self) -> str:
-        return "\n".join(def_lines("__init__", ", ".join(["self"] + self.init_args), 4))
+        return "\n".join(Def("__init__", ("self", *self.init_args)).lines(" " * 4))
 
     @property
     def forward_def(self) -> str:
-        method = getattr(self, "method_name", "forward")
-        return "\n".join(def_lines(method, self.forward_args, 4))
+        name = getattr(self, "method_name", "forward")
+        return "\n".join(Def(name, tuple(self.forward_args)).lines(" " * 4))
 
 
-def def_lines(name: str, args: str, indent: int) -> list[str]:
-    """`def name(args):` at `indent` columns; one argument per line when it is too long."""
-    return _wrap_expr(f"def {name}({args})", " " * indent, "", ":")
-
-
-def fit(line: str, indent: int = 4) -> list[str]:
-    """One line of a method written out whole (`def ...:`, `return ...`), where it will be
-    `indent` columns further in, wrapped to the line width: a def one argument per line."""
-    pad = len(line) - len(line.lstrip())
-    code = line.strip()
-    at = " " * (indent + pad)
-    if code.startswith("def ") and code.endswith(":"):
-        lines = _wrap_expr(code[:-1], at, "", ":")
-    else:
-        lines = wrap(code, "", at)
-    return [x[indent:] for x in lines]
-
-
-@dataclass(frozen=True)
-class _Code:
-    """A Python expression among the values of a literal (`self.config.V`)."""
-
-    text: str
+def fit(stmt, depth: int = 0) -> list[str]:
+    """A statement of a method written out whole (`def ...:`, `return ...`), `depth` blocks
+    into it, wrapped to the line width where the template puts it (4 columns further in)."""
+    return [x[4:] for x in statement_lines(stmt, "", " " * (4 + 4 * depth))]
 
 
 def _flat(v) -> str:
     """A JSON-able value as a Python literal on one line (strings double-quoted), with any
-    `_Code` in it as its expression."""
-    if isinstance(v, _Code):
+    expression in it as its expression."""
+    if isinstance(v, Expr):
         return v.text
     if isinstance(v, dict):
         return "{" + ", ".join(f"{_flat(k)}: {_flat(x)}" for k, x in v.items()) + "}"
@@ -612,20 +396,29 @@ def _literal_lines(v, head: str, indent: int) -> list[str]:
 class _Val:
     __slots__ = ("expr", "layout", "type", "raw_lo", "producer", "named", "stored")
 
-    def __init__(self, expr, layout, type_, raw_lo=None, producer=None, named=False):
+    def __init__(self, expr: Expr, layout, type_, raw_lo=None, producer=None, named=False):
         self.expr = expr
         self.layout = layout
         self.type = type_
         self.raw_lo = raw_lo  # ints held 0-based: the math value is expr + raw_lo
         self.producer = producer
         self.named = named
-        self.stored = None
+        self.stored: Expr | None = None
+
+    @property
+    def py(self) -> str:
+        """The Python name of a value of the body (its expression is a `Ref` to it)."""
+        return self.expr.name  # type: ignore[attr-defined]
+
+
+# what a layers' result and a call's second and later results stand for before `emit`
+_LAYERS, _IN_TUPLE = Name("__layers__"), Name("__tuple__")
 
 
 class Body:
     """Lowers a list of equations to Python lines inside one `forward`."""
 
-    def __init__(self, gen: Generator, sym: dict[str, str], device: str, namer: Namer,
+    def __init__(self, gen: Generator, sym: dict, device: Expr, namer: Namer,
                  self_attr: dict[str, str], spec_file: str):
         self.gen = gen
         self.sym = dict(sym)
@@ -633,17 +426,17 @@ class Body:
         self.namer = namer
         self.vals: dict[str, _Val] = {}  # IR name -> its value where the equations are now
         # every value by its Python name, unique per value: a spec name may be defined again
-        # (a family z_i, then z = Concat(z_1, ..., z_A)), and `{{name}}` in exprs is this one
+        # (a family z_i, then z = Concat(z_1, ..., z_A)), and a `Ref` in exprs is this one
         self.by_py: dict[str, _Val] = {}
         self.self_attr = self_attr  # IR param/instance name -> `self.x`
         self.spec_file = spec_file
         self.pending: list[tuple[str, Eqn]] = []  # (python name, eqn) in order
-        self.exprs: dict[str, str] = {}  # python name -> expression text with {{deps}}
+        self.exprs: dict[str, Expr] = {}  # python name -> its expression, `Ref`s to deps
         self.deps: dict[str, list[str]] = {}
         self.comments: dict[str, str] = {}
         self.materialized: set[str] = set()
-        self.real_dtype = "torch.get_default_dtype()"  # what integers become where reals go
-        self.start: str | None = None  # the model's body: the first new position (step())
+        self.real_dtype: Expr = call("torch.get_default_dtype")  # where integers go as reals
+        self.start: Expr | None = None  # the model's body: the first new position (step())
         # temporaries the spec names otherwise (a module's result is the module's): the
         # name they take here, before ident; other temporaries are numbered (`%7` -> t7)
         self.spec_names: dict[str, str] = {}
@@ -651,7 +444,7 @@ class Body:
     # -- values
     def define_input(self, name: str, t: TensorType, layout: Layout, raw_lo=None) -> str:
         py = self.namer(name)
-        self.vals[name] = self.by_py[py] = _Val(py, layout, t, raw_lo=raw_lo, named=True)
+        self.vals[name] = self.by_py[py] = _Val(Ref(py), layout, t, raw_lo=raw_lo, named=True)
         return py
 
     def is_param(self, name: str | None) -> bool:
@@ -664,39 +457,39 @@ class Body:
                         TensorType(dtype="real" if isinstance(o.const, float) else "int"))
         if self.is_param(o.name):
             p = self.gen.param_types[self.self_attr[o.name]]
-            expr = self.self_attr[o.name]
+            expr = dotted(self.self_attr[o.name])
             t = p.type
             fam = t.family is not None
             if o.member is not None and not fam:
                 raise Unsupported(f"`{o}`: member of a parameter that is not a family")
-            if fam and for_eqn.family is None and not o.whole_family:
+            if fam and o.member is not None and not isinstance(o.member, str):
                 axis = -2 if len(t.shape) >= 2 else 0
-                expr = f"{expr}.select({axis}, {self._member_index(o.member)})"
+                expr = method(expr, "select", Const(axis), self._member_index(o.member))
                 fam = False
             expr = self._slice_dynamic(expr, t)
             raw = None
             if fam and len(t.shape) >= 2:
                 raw = expr
-                expr = f"{expr}.movedim(-2, 0)"
+                expr = method(expr, "movedim", Const(-2), Const(0))
             v = _Val(expr, Layout(False, fam, len(t.shape)), t.member() if fam else t)
             v.stored = raw  # the family of matrices as stored: (..., A, last)
             return v
         v = self.vals.get(o.name)
         if v is None:
             raise Unsupported(f"value `{o.name}` is not available here")
-        if o.member is not None and v.layout.fam and for_eqn.family is None:
-            k = self._member_index(o.member)
-            return _Val(f"{self.ref(o.name)}.select({-(v.layout.rank or 0) - 1}, {k})",
+        if o.member is not None and not isinstance(o.member, str) and v.layout.fam:
+            k = self._member_index(o.member)  # a member picked by a number: layout.of_operand
+            return _Val(method(self.ref(o.name), "select", Const(-(v.layout.rank or 0) - 1), k),
                         Layout(v.layout.lead, False, v.layout.rank), v.type, raw_lo=v.raw_lo)
         return _Val(self.ref(o.name), v.layout, v.type, raw_lo=v.raw_lo, producer=v.producer,
                     named=v.named)
 
-    def _member_index(self, member) -> str:
+    def _member_index(self, member) -> Expr:
         if isinstance(member, str):
             raise Unsupported("a family member indexed by a variable outside its family")
-        return f"{py_poly(member, self.sym)} - 1"
+        return BinOp(py_poly(member, self.sym), "-", Const(1))
 
-    def _slice_dynamic(self, expr: str, t: TensorType) -> str:
+    def _slice_dynamic(self, expr: Expr, t: TensorType) -> Expr:
         """A parameter sized by the context length is used up to the run's length."""
         cuts = []
         dyn = False
@@ -706,22 +499,22 @@ class Body:
                 if self.gen.by_position(d):  # rows start..start+T of a table of positions
                     if self.start is None:
                         raise Unsupported("a parameter indexed by position inside the layers")
-                    cuts.append(f"{self.start}:{self.start} + {end}")
+                    cuts.append(Slice(self.start, BinOp(self.start, "+", end)))
                 else:
-                    cuts.append(f":{end}")
+                    cuts.append(Slice(None, end))
                 dyn = True
             else:
-                cuts.append(":")
+                cuts.append(Slice())
         if not dyn:
             return expr
-        while cuts and cuts[-1] == ":":
+        while cuts and cuts[-1] == Slice():
             cuts.pop()
-        return f"{expr}[{', '.join(cuts)}]"
+        return Subscript(expr, tuple(cuts))
 
-    def ref(self, name: str) -> str:
-        """The value IR name `name` stands for here, as a placeholder for its expression
-        (written in if it is used once, else its Python name): see `emit`."""
-        return "{{" + self.vals[name].expr + "}}"
+    def ref(self, name: str) -> Expr:
+        """The value IR name `name` stands for here, as a `Ref` to it (its expression written
+        in if it is used once, else its Python name): see `emit`."""
+        return self.vals[name].expr
 
     # -- lowering
     def lower(self, eqns: list[Eqn]) -> None:
@@ -734,35 +527,26 @@ class Body:
 
     def lower_eqn(self, e: Eqn) -> None:
         ins = [self.operand(o, e) for o in e.ins]
-        out_type = e.outs[0].type
-        member_t = out_type.member() if out_type.family is not None else out_type
-        out_rank = _rank(member_t)
-        lead = any(v.layout.lead for v in ins)
-        raw_lo = None  # the result held 0-based: see _Val
+        # where each result's axes are and how its integers are held: the lowering's
+        # (lowering/layout.py); the layer loop is this backend's own equation
+        raw_lo = None if e.op == "layers" else e.outs[0].layout.held
         if e.op == "layers":
-            exprs = [f"__layers__{e.attrs['index']}"] * len(e.outs)
+            exprs = [_LAYERS] * len(e.outs)
             layouts = [Layout(True, False, _rank(o.type)) for o in e.outs]
         elif e.op == "call":
             exprs = self.gen.lower_call(self, e, ins) * len(e.outs)  # one call, its results
-            fam = eqn_has_axis(e, [v.layout.fam for v in ins], self.gen.functions)
-            layouts = [Layout(lead or any(v.layout.lead for v in ins), fam,
-                              _rank(o.type.member() if o.type.family is not None else o.type))
-                       for o in e.outs]
+            layouts = [Layout.of(o.layout) for o in e.outs]
         else:
             lowering = LOWER.get(e.op)
             if lowering is None:
                 raise Unsupported(f"the torch backend has no lowering for `{e.op}`")
-            if e.op not in ("index", "invperm", "lookup"):
-                for v in ins:  # ids are held 0-based; arithmetic sees the spec's values
+            if not _reads_held(e):
+                for v in ins:  # arithmetic sees the spec's values
                     if v.raw_lo is not None:
                         v.expr, v.raw_lo = _math(self, v), None
-            fam = eqn_has_axis(e, [v.layout.fam for v in ins], self.gen.functions)
-            exprs = [lowering(self, e, ins, Layout(lead, fam, out_rank))]
-            layouts = [Layout(lead, fam, out_rank)]
-            if e.op in POSITIONS:
-                raw_lo = Poly.const(1)
-            elif e.op == "index":  # entries of ids held 0-based are held 0-based
-                raw_lo = ins[0].raw_lo
+            layouts = [Layout.of(e.outs[0].layout)]
+            moved = shifted(e)
+            exprs = [ins[moved[0]].expr if moved else lowering(self, e, ins, layouts[0])]
         for out, expr, layout in zip(e.outs, exprs, layouts):
             if out.name in self.spec_names:
                 py = self.namer.alias(out.name, self.spec_names[out.name])
@@ -774,19 +558,19 @@ class Body:
             else:
                 py = self.namer(out.name)
             self.vals[out.name] = self.by_py[py] = _Val(
-                py, layout, out.type.member() if out.type.family is not None else out.type,
+                Ref(py), layout, out.type.member() if out.type.family is not None else out.type,
                 raw_lo=raw_lo, producer=e, named=not out.name.startswith("%"))
             self.exprs[py] = expr
-            self.deps[py] = REF.findall(expr)
+            self.deps[py] = list(expr.refs())
             if e.op == "layers":  # the values it takes (model parameters are attributes)
-                self.deps[py] = [self.vals[o.name].expr for o in e.ins if o.name in self.vals]
+                self.deps[py] = [self.vals[o.name].py for o in e.ins if o.name in self.vals]
             self.comments[py] = self.comment(out.type, layout, e)
             self.pending.append((py, e))
         if len(e.outs) > 1:
             # several results come from one call: one line, tuple target
-            names = [self.vals[o.name].expr for o in e.outs]
+            names = [self.vals[o.name].py for o in e.outs]
             for py in names:
-                self.exprs[py] = "__tuple__"
+                self.exprs[py] = _IN_TUPLE
             self.exprs[names[0]] = exprs[0]
             self.tuples = getattr(self, "tuples", {})
             self.tuples[names[0]] = names
@@ -800,9 +584,9 @@ class Body:
             dims.append("*" if self.gen.in_module else "B")
         if layout.fam:
             fam = t.family if t.family is not None else (e.family[1] if e.family else None)
-            dims.append(py_poly(fam, names) if fam is not None else "A")
+            dims.append(py_poly(fam, names).text if fam is not None else "A")
         for d in (t.member().shape if t.family is not None else t.shape):
-            dims.append("..." if isinstance(d, Ell) else py_poly(d, names).replace(" ", ""))
+            dims.append("..." if isinstance(d, Ell) else py_poly(d, names).text.replace(" ", ""))
         shape = "(" + ", ".join(dims) + ")" if dims else "()"
         where = f"{safe_name(e.span.file)}:{e.span.line}" if e.span else ""
         if e.op == "mask" and not e.ins:  # no tensor: attention reads what it means
@@ -815,8 +599,8 @@ class Body:
     def emit(self, outputs: list[str], force: set[str] = frozenset()) -> list[Line]:
         """Lines for the values needed by `outputs` (IR names); single-use temporaries are
         inlined into their one consumer."""
-        want = [self.vals[o].expr for o in outputs if o in self.vals]
-        forced = {self.vals[f].expr for f in force if f in self.vals}
+        want = [self.vals[o].py for o in outputs if o in self.vals]
+        forced = {self.vals[f].py for f in force if f in self.vals}
         live: set[str] = set()
         stack = want + list(forced)
         while stack:
@@ -836,67 +620,52 @@ class Body:
             uses[py] = uses.get(py, 0) + 1
         tuples = getattr(self, "tuples", {})
         in_tuple = {n for g in tuples.values() for n in g}
-        in_tuple |= {py for py, x in self.exprs.items() if x.startswith("__layers__")}
+        in_tuple |= {py for py, x in self.exprs.items() if x is _LAYERS}
         materialize = set()
         for py in live:
             if py in in_tuple or uses.get(py, 0) != 1 or self.by_py[py].named or py in forced:
                 materialize.add(py)
         for e2 in (e for _, e in self.pending if e.op == "layers"):
             for o in e2.ins:  # what the layers take is computed once, before them
-                if o.name in self.vals and self.vals[o.name].expr in live:
-                    materialize.add(self.vals[o.name].expr)
+                if o.name in self.vals and self.vals[o.name].py in live:
+                    materialize.add(self.vals[o.name].py)
         self.materialized = materialize
         lines: list[Line] = []
         done: set[str] = set()
         for py, e in self.pending:
             if py not in live or py not in materialize or py in done:
                 continue
-            if self.exprs[py] == "__tuple__":
+            if self.exprs[py] is _IN_TUPLE:
                 continue
-            if self.exprs[py].startswith("__layers__"):
+            if self.exprs[py] is _LAYERS:
                 lines.extend(self.gen.loop_lines(self, e, materialize))
-                done.update(self.vals[o.name].expr for o in e.outs)
+                done.update(self.vals[o.name].py for o in e.outs)
                 continue
-            expr = self._inline(py, materialize)
-            if py in tuples:
-                targets = ", ".join(tuples[py])
-                lines.append(Line(f"{targets} = {expr}", self.comments[py]))
-                done.update(tuples[py])
-            else:
-                lines.append(Line(f"{py} = {expr}", self.comments[py]))
-            done.add(py)
+            targets = tuples.get(py, [py])
+            lines.append(Line(Assign(tuple(Name(t) for t in targets),
+                                     self._inline(py, materialize)), self.comments[py]))
+            done.update(targets)
         return lines
 
-    def _inline(self, py: str, materialize: set[str]) -> str:
-        """The expression of `py` with the single-use temporaries it reads written in,
-        each bracketed where its place needs it (see `precedence`)."""
+    def _inline(self, py: str, materialize: set[str]) -> Expr:
+        """The expression of `py` with the single-use temporaries it reads written in (the
+        brackets each needs come with the rendering)."""
         expr = self.exprs[py]
-        wanted = iter(slot_precedences(expr))
+        return expr.subs({name: self._inline(name, materialize) for name in set(expr.refs())
+                          if name not in materialize and name in self.exprs})
 
-        def sub(m):
-            name, level = m.group(1), next(wanted)
-            if name in materialize or name not in self.exprs:
-                return name
-            return operand(self._inline(name, materialize), level)
-        return REF.sub(sub, expr)
-
-    def result(self, name: str) -> str:
+    def result(self, name: str) -> Expr:
         """The expression for an output after `emit`: its line's name, or inlined."""
         v = self.vals[name]
-        if v.expr in self.materialized or v.expr not in self.exprs:
+        if v.py in self.materialized or v.py not in self.exprs:
             return v.expr
-        return self._inline(v.expr, self.materialized)
-
-
-def _resolve_refs(code: str) -> str:
-    """`code` with each `{{value}}` replaced by that value's Python name."""
-    return REF.sub(r"\1", code)
+        return self._inline(v.py, self.materialized)
 
 
 # ---------------------------------------------------------------- the op table
 
 
-def _align(b: Body, v: _Val, out: Layout) -> str:
+def _align(b: Body, v: _Val, out: Layout) -> Expr:
     """Insert unit axes so `v` broadcasts against the output layout (see module doc)."""
     expr = v.expr
     if out.rank is None or v.layout.rank is None:
@@ -911,34 +680,46 @@ def _align(b: Body, v: _Val, out: Layout) -> str:
     return expr
 
 
+COMPARISONS = {"==", "!=", "<", "<=", ">", ">="}
+
+
+def infix(x: Expr, symbol: str, y: Expr) -> Expr:
+    """`x symbol y`: a comparison or a binary operation."""
+    return Compare(x, symbol, y) if symbol in COMPARISONS else BinOp(x, symbol, y)
+
+
 def _binary(symbol: str):
-    def lower(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
+    def lower(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> Expr:
         x, y = (_align(b, v, out) for v in ins)
         return infix(x, symbol, y)
     return lower
 
 
-def _math(b: Body, v: _Val) -> str:
+def _math(b: Body, v: _Val) -> Expr:
     """An integer operand as its 1-based (math) value."""
     if v.raw_lo is not None and not (v.raw_lo.is_const() and v.raw_lo.const_value() == 0):
-        return f"({v.expr} + {py_poly(v.raw_lo, b.sym)})"
+        return BinOp(v.expr, "+", py_poly(v.raw_lo, b.sym))
     return v.expr
 
 
-def _shifted(b: Body, expr: str, shift: Poly) -> str:
+def _is_int(expr: Expr) -> bool:
+    return isinstance(expr, Const) and type(expr.value) is int
+
+
+def _shifted(b: Body, expr: Expr, shift: Poly) -> Expr:
     """`expr + shift` for an integer expression, folded where `expr` is a literal."""
     if shift.is_const():
         k = shift.const_value()
         if k == 0:
             return expr
-        if "{{" not in expr and re.fullmatch(r"-?\d+", expr):
-            return str(int(expr) + int(k))
-        return f"{operand(expr, SUM)} + {py_poly(shift, b.sym)}" if k > 0 else \
-            f"{operand(expr, SUM)} - {py_poly(-shift, b.sym)}"
-    return f"{operand(expr, SUM)} + {py_poly(shift, b.sym)}"
+        if _is_int(expr):
+            return Const(expr.value + int(k))  # type: ignore[attr-defined]
+        if k < 0:
+            return BinOp(expr, "-", py_poly(-shift, b.sym))
+    return BinOp(expr, "+", py_poly(shift, b.sym))
 
 
-def _rows(b: Body, v: _Val, first: Poly) -> str:
+def _rows(b: Body, v: _Val, first: Poly) -> Expr:
     """Integer ids as 0-based positions in a table whose first entry is id `first`: an
     index (first = 1), a row of W in a lookup (OneHot(x) @ W over first..last)."""
     if v.raw_lo is not None:
@@ -946,7 +727,7 @@ def _rows(b: Body, v: _Val, first: Poly) -> str:
     return _shifted(b, v.expr, -first)
 
 
-def _spec_value(b: Body, v: _Val, expr: str) -> str:
+def _spec_value(b: Body, v: _Val, expr: Expr) -> Expr:
     """A result as the spec's value: integers held 0-based get their offset back where
     they leave the function (a return, a layer's argument)."""
     if v.raw_lo is None:
@@ -955,70 +736,77 @@ def _spec_value(b: Body, v: _Val, expr: str) -> str:
 
 
 def _int_binary(symbol: str):
-    def lower(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
+    def lower(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> Expr:
         x, y = (_align(b, _Val(_math(b, v), v.layout, v.type), out) for v in ins)
         return infix(x, symbol, y)
     return lower
 
 
+def _sizes_only(v: _Val) -> bool:
+    """Whether an operand is a Python number: a scalar computed from sizes alone."""
+    return v.layout == Layout(False, False, 0) and not any(v.expr.refs())
+
+
 def _func(fn: str):
-    def lower(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
+    def lower(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> Expr:
         (x,) = ins
-        if x.layout == Layout(False, False, 0) and x.expr[:1] not in "{":
-            return f"math.{fn}({x.expr})"
-        return f"torch.{fn}({x.expr})"
+        return call(f"math.{fn}" if _sizes_only(x) else f"torch.{fn}", x.expr)
     return lower
 
 
 def _minmax(fn: str, clamp: str):
-    def lower(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
+    def lower(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> Expr:
         x, y = ins
-        if x.layout.rank == 0 and not x.layout.lead and "{{" not in x.expr:
-            return f"{y.expr}.clamp({clamp}={x.expr})"
-        if y.layout.rank == 0 and not y.layout.lead and "{{" not in y.expr:
-            return f"{x.expr}.clamp({clamp}={y.expr})"
-        return f"torch.{fn}({_align(b, x, out)}, {_align(b, y, out)})"
+        if x.layout.rank == 0 and not x.layout.lead and not any(x.expr.refs()):
+            return method(y.expr, "clamp", **{clamp: x.expr})
+        if y.layout.rank == 0 and not y.layout.lead and not any(y.expr.refs()):
+            return method(x.expr, "clamp", **{clamp: y.expr})
+        return call(f"torch.{fn}", _align(b, x, out), _align(b, y, out))
     return lower
 
 
-def _reduce(method: str):
-    def lower(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
-        x = operand(ins[0].expr, PRIMARY)
+def _reduce(name: str):
+    def lower(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> Expr:
+        x = ins[0].expr
         if ins[0].type.dtype != "real":  # a sum, mean or max of integers is real
-            x = f"{x}.to({b.real_dtype})"
-        return f"{x}.{method}(-1, keepdim=True)"
+            x = method(x, "to", b.real_dtype)
+        return method(x, name, Const(-1), keepdim=Const(True))
     return lower
 
 
-def _matmul(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
+def _matmul(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> Expr:
     x, y = ins
     if x.type.dtype != "real" and y.type.dtype == "real":
-        x = _Val(f"{x.expr}.to({y.expr}.dtype)", x.layout, x.type, producer=x.producer)
+        x = _Val(method(x.expr, "to", Attr(y.expr, "dtype")), x.layout, x.type,
+                 producer=x.producer)
     elif y.type.dtype != "real" and x.type.dtype == "real":
-        y = _Val(f"{y.expr}.to({x.expr}.dtype)", y.layout, y.type, producer=y.producer)
+        y = _Val(method(y.expr, "to", Attr(x.expr, "dtype")), y.layout, y.type,
+                 producer=y.producer)
     if y.stored is not None and not x.layout.fam and y.layout.rank == 2 and x.layout.rank:
         # X @ W_i for every member i at once: one product with the (H, A*D) view, then the
         # family axis moved in front of the member's rows
         fam = e.family[1] if e.family else y.type.family
-        size = py_poly(fam, b.sym) if fam is not None else "-1"
-        prod = f"project({x.expr}, {y.stored}.flatten(-2)).unflatten(-1, ({size}, -1))"
+        size = py_poly(fam, b.sym) if fam is not None else Const(-1)
+        prod = method(call("project", x.expr, method(y.stored, "flatten", Const(-2))),
+                      "unflatten", Const(-1), Tuple((size, Const(-1))))
         r = x.layout.rank
-        return prod if r == 1 else f"{prod}.movedim(-2, {-r - 1})"
+        return prod if r == 1 else method(prod, "movedim", Const(-2), Const(-r - 1))
     xs = _align(b, x, out) if x.layout.rank and x.layout.rank >= 2 else x.expr
     weight = _weight(b, e, y)
     if weight is not None and x.layout.rank != 0:
         # activations times a weight matrix (or its transpose): see project in the template
-        return f"project({xs}, {weight})"
+        return call("project", xs, weight)
     ys = _align(b, y, out) if y.layout.rank and y.layout.rank >= 2 else y.expr
     if y.layout.rank == 1 and (y.layout.lead or y.layout.fam):
         # a vector with leading (batch or member) axes: torch would read it as a matrix
         if x.layout.rank == 1:
-            return f"({infix(xs, '*', ys)}).sum(-1)"
-        return f"({infix(xs, '@', operand(ys, PRIMARY) + '.unsqueeze(-1)')}).squeeze(-1)"
-    return infix(xs, "@", ys)
+            return method(BinOp(xs, "*", ys), "sum", Const(-1))
+        column = method(ys, "unsqueeze", Const(-1))
+        return method(BinOp(xs, "@", column), "squeeze", Const(-1))
+    return BinOp(xs, "@", ys)
 
 
-def _weight(b: Body, e: Eqn, y: _Val) -> str | None:
+def _weight(b: Body, e: Eqn, y: _Val) -> Expr | None:
     """The expression of a matmul's right operand when it is a parameter matrix, or the
     transpose of one (a tied output projection), shared by the whole batch; else None."""
     if y.layout != Layout(False, False, 2):
@@ -1029,43 +817,49 @@ def _weight(b: Body, e: Eqn, y: _Val) -> str | None:
     if tp is not None and tp.op == "transpose" and b.is_param(tp.ins[0].name):
         w = b.operand(tp.ins[0], e)
         if w.layout == Layout(False, False, 2):
-            return f"{w.expr}.mT"
+            return Attr(w.expr, "mT")
     return None
 
 
-def _lookup(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
+def _lookup(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> Expr:
     """OneHot(ids) @ W as rows of W (lowering/lookups.py): no V-wide one-hot is built;
     the table's first row is id `lo`."""
     ids, table = ins
-    return f"embedding({_rows(b, ids, e.attrs['lo'])}, {table.expr})"
+    return call("embedding", _rows(b, ids, e.attrs["lo"]), table.expr)
 
 
-def _transpose(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
-    x = operand(ins[0].expr, PRIMARY)
+def _transpose(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> Expr:
     if not ins[0].layout.lead and not ins[0].layout.fam and ins[0].layout.rank == 2:
-        return f"{x}.T"
-    return f"{x}.mT"
+        return Attr(ins[0].expr, "T")
+    return Attr(ins[0].expr, "mT")
 
 
-def _concat(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
+def _flatten_family(x: Expr, r: int | None) -> Expr:
+    """The family axis flattened into the last (of `...`-shaped members: the one before)."""
+    moved = method(x, "movedim", Const(-2 if r is None else -r - 1), Const(-2))
+    return method(moved, "flatten", Const(-2))
+
+
+def _concat(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> Expr:
     counts = e.attrs.get("counts") or [None] * len(ins)
     if len(ins) == 1 and counts[0] is not None:
-        r = ins[0].layout.rank
-        if r is None:
-            # a family of `...`-shaped members: the family axis is the one before the last
-            return f"{ins[0].expr}.movedim(-2, -2).flatten(-2)"
-        return f"{ins[0].expr}.movedim({-r - 1}, -2).flatten(-2)"
+        return _flatten_family(ins[0].expr, ins[0].layout.rank)
     if any(c is not None for c in counts):
         raise Unsupported("concat of a family together with other values")
-    return f"torch.cat([{', '.join(_joined(b, ins, out))}], dim=-1)"
+    return call("torch.cat", List(tuple(_joined(b, ins, out))), dim=Const(-1))
 
 
-def _vconcat(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
+def _vconcat(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> Expr:
     r = out.rank or 1
-    return f"torch.cat([{', '.join(_joined(b, ins, out))}], dim={-r})"
+    return call("torch.cat", List(tuple(_joined(b, ins, out))), dim=Const(-r))
 
 
-def _joined(b: Body, ins: list[_Val], out: Layout) -> list[str]:
+def _lead_shape(x: Expr, r: int) -> Expr:
+    """`x.shape[:-r]`: the leading axes of a value of rank r of its own."""
+    return Subscript(Attr(x, "shape"), (Slice(None, Const(-r)),))
+
+
+def _joined(b: Body, ins: list[_Val], out: Layout) -> list[Expr]:
     """The operands of torch.cat, which does not broadcast: one without the batch (a
     parameter) or without the family axis is expanded to the others' leading axes."""
     parts = [_align(b, v, out) for v in ins]
@@ -1076,151 +870,146 @@ def _joined(b: Body, ins: list[_Val], out: Layout) -> list[str]:
         return parts
     full = [k for k, v in enumerate(ins) if k not in short]
     if full:
-        lead = f"{operand(parts[full[0]], PRIMARY)}.shape[:-{r}]"
+        lead = _lead_shape(parts[full[0]], r)
     else:  # each lacks some leading axis: their union
-        lead = "torch.broadcast_shapes(" + ", ".join(
-            f"{operand(p, PRIMARY)}.shape[:-{r}]" for p, v in zip(parts, ins)
-            if v.layout.lead or v.layout.fam) + ")"
+        lead = call("torch.broadcast_shapes", *(_lead_shape(p, r) for p, v in zip(parts, ins)
+                                                if v.layout.lead or v.layout.fam))
     for k in short:
-        parts[k] = f"{operand(parts[k], PRIMARY)}.expand(*{lead}, {', '.join(['-1'] * r)})"
+        parts[k] = method(parts[k], "expand", Starred(lead), *[Const(-1)] * r)
     return parts
 
 
-def _zero_based(b: Body, v: _Val) -> str:
+def _zero_based(b: Body, v: _Val) -> Expr:
     return _rows(b, v, Poly.const(1))
 
 
-def _index(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
+def _index(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> Expr:
     base, rest = ins[0], ins[1:]
     kinds = e.attrs["kinds"]
-    items: list[str] = []
+    items: list[Expr] = []
     k = 0
     tensors = []
     for kind in kinds:
         if kind == ":":
-            items.append(":")
+            items.append(Slice())
         elif kind == "range":
             lo, hi = rest[k], rest[k + 1]
             k += 2
-            items.append(f"{_zero_based(b, lo)}:{_math(b, hi)}")
+            items.append(Slice(_zero_based(b, lo), _math(b, hi)))
         else:
             idx = rest[k]
             k += 1
             zb = _zero_based(b, idx)
-            if kind == "gather":
-                tensors.append((idx, zb))
-            elif idx.layout.lead:
-                tensors.append((idx, zb))
+            if kind == "gather" or idx.layout.lead:
+                tensors.append(idx)
             items.append(zb)
     if any(kind == "gather" for kind in kinds):
         if any(kind != "gather" for kind in kinds):
             raise Unsupported("an index by a tensor mixed with `:` or a single position")
         # every axis indexed by a tensor: the leading axes of the base and of the indices
         # broadcast at run time
-        return f"take({base.expr}, {len(kinds)}, {out.rank}, {', '.join(items)})"
+        return call("take", base.expr, Const(len(kinds)), Const(out.rank), *items)
     if tensors:
         if b.gen.in_module:
             raise Unsupported("a batched single-position index inside a module")
         # one position per sequence (BERT's j_masked): index each batch row
-        nb = max(len(v.type.shape) for v, _ in tensors)
-        batch = f"torch.arange({base.expr}.shape[0], device={base.expr}.device)"
-        batch = batch + (".view(-1" + ", 1" * nb + ")" if nb else "")
-        return f"{base.expr}[{batch}, {', '.join(items)}]"
-    prefix = "..., " if (base.layout.lead or base.layout.fam or b.gen.in_module) else ""
-    return f"{base.expr}[{prefix}{', '.join(items)}]"
+        nb = max(len(v.type.shape) for v in tensors)
+        batch: Expr = call("torch.arange", Subscript(Attr(base.expr, "shape"), (Const(0),)),
+                           device=Attr(base.expr, "device"))
+        if nb:
+            batch = method(batch, "view", Const(-1), *[Const(1)] * nb)
+        return Subscript(base.expr, (batch, *items))
+    prefix = [Name("...")] if (base.layout.lead or base.layout.fam or b.gen.in_module) else []
+    return Subscript(base.expr, (*prefix, *items))
 
 
-def _iota(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
+def _iota(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> Expr:
     size = py_poly(e.attrs["size"], b.sym)
     rank, axis = e.attrs["rank"], e.attrs["axis"]
-    view = ", ".join("-1" if k == axis else "1" for k in range(rank))
-    return f"torch.arange(1, {size} + 1, device={b.device}).view({view})"
+    view = [Const(-1 if k == axis else 1) for k in range(rank)]
+    numbers = call("torch.arange", size, device=b.device)  # positions are held 0-based
+    return method(numbers, "view", *view)
 
 
-def _broadcast_to(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
+def _broadcast_to(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> Expr:
     x = ins[0]
-    shape = ", ".join(py_poly(d, b.sym) for d in e.attrs["shape"])
-    if x.layout == Layout(False, False, 0) and "{{" not in x.expr:
-        return f"torch.full(({shape},), {x.expr}, device={b.device})"
+    shape = [py_poly(d, b.sym) for d in e.attrs["shape"]]
+    if _sizes_only(x):
+        return call("torch.full", Tuple(tuple(shape)), x.expr, device=b.device)
     if x.layout.lead or x.layout.fam:
         r = x.layout.rank or 0
-        return f"{x.expr}.expand(*{x.expr}.shape[:{-r}], {shape})" if r else x.expr
-    return f"torch.broadcast_to({x.expr}, ({shape},))"
+        return method(x.expr, "expand", Starred(_lead_shape(x.expr, r)), *shape) if r \
+            else x.expr
+    return call("torch.broadcast_to", x.expr, Tuple(tuple(shape)))
 
 
-def _select(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
-    c, x, y = (_align(b, v, out) for v in ins)
-    return f"torch.where({c}, {x}, {y})"
+def _select(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> Expr:
+    return call("torch.where", *(_align(b, v, out) for v in ins))
 
 
-def _cond(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
+def _cond(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> Expr:
     # a guard is static: sizes in it are the configuration's, never this call's lengths
     sym = b.sym if b.gen.in_module else {**b.sym, **b.gen.fwd_sym}
-    guard = b.gen.guard_py(e.attrs["guard"], sym)
-    return f"{operand(ins[0].expr, OR)} if {operand(guard, OR)} else " \
-        f"{operand(ins[1].expr, TERNARY)}"
+    return IfExp(ins[0].expr, guard_expr(e.attrs["guard"], sym), ins[1].expr)
 
 
-def _neg(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
-    return f"-{operand(ins[0].expr, UNARY)}"
+def _neg(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> Expr:
+    return Unary("-", ins[0].expr)
 
 
-def _not(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
-    x = ins[0]
-    if x.layout == Layout(False, False, 0):
-        # a condition on sizes alone is a Python bool, whose ~ is an integer (~True == -2)
-        return f"not {operand(x.expr, NOT)}"
-    return f"~{operand(x.expr, UNARY)}"
+def _not(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> Expr:
+    # a condition on sizes alone is a Python bool, whose ~ is an integer (~True == -2)
+    return Unary("not" if ins[0].layout == Layout(False, False, 0) else "~", ins[0].expr)
 
 
-def _pow(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
+def _pow(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> Expr:
     x, y = ins
-    if x.layout == Layout(False, False, 0) and "{{" not in x.expr:
-        return f"torch.pow({x.expr}, {y.expr})"
-    return f"torch.pow({_align(b, x, out)}, {_align(b, y, out)})"
+    if _sizes_only(x):
+        return call("torch.pow", x.expr, y.expr)
+    return call("torch.pow", _align(b, x, out), _align(b, y, out))
 
 
 # Positions are computed 0-based and held so (raw_lo = 1): an index or a row lookup uses
 # them as they are, arithmetic and returns add the 1 back.
-def _invperm(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
-    return f"torch.argsort({_zero_based(b, ins[0])}, dim=-1)"
+def _invperm(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> Expr:
+    return call("torch.argsort", _zero_based(b, ins[0]), dim=Const(-1))
 
 
-def _argmax(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
-    return f"{operand(ins[0].expr, PRIMARY)}.argmax(-1)"
+def _argmax(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> Expr:
+    return method(ins[0].expr, "argmax", Const(-1))
 
 
-def _argsort(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
-    return f"torch.argsort({ins[0].expr}, dim=-1, stable=True)"
+def _argsort(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> Expr:
+    return call("torch.argsort", ins[0].expr, dim=Const(-1), stable=Const(True))
 
 
-def _members(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
+def _members(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> Expr:
     """An axis of the operand's own as the family axis, just before the others."""
     x, r = ins[0].expr, ins[0].layout.rank
     k = e.attrs["axis"]
-    return x if k == 0 else f"{operand(x, PRIMARY)}.movedim({k - r}, {-r})"
+    return x if k == 0 else method(x, "movedim", Const(k - r), Const(-r))
 
 
-def _mask(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
+def _mask(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> Expr:
     """A mask by meaning (lowering/masks.py): at run time only its bias, if it has one;
     attention reads what it means from the lowering, not from the value."""
-    return ins[0].expr if ins else "None"
+    return ins[0].expr if ins else Const(None)
 
 
-def _mask_tensor(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
+def _mask_tensor(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> Expr:
     rows_d, cols_d = e.outs[0].type.shape[-2:]
     rows, cols = py_poly(rows_d, b.sym), py_poly(cols_d, b.sym)
     if b.gen.by_position(cols_d) and b.start is not None:
-        cols = f"{b.start} + {cols}"  # step(): the new rows of the table, every column
+        cols = BinOp(b.start, "+", cols)  # step(): the new rows of the table, every column
     if e.attrs["causal"]:
-        table = f"causal_mask({rows}, {cols}, {b.device})"
+        table = call("causal_mask", rows, cols, b.device)
     else:
-        table = f"torch.zeros({rows}, {cols}, device={b.device})"
-    return infix(ins[0].expr, "+", table) if e.attrs["bias"] else table
+        table = call("torch.zeros", rows, cols, device=b.device)
+    return BinOp(ins[0].expr, "+", table) if e.attrs["bias"] else table
 
 
-def _stopgrad(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> str:
-    return f"{ins[0].expr}.detach()"
+def _stopgrad(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> Expr:
+    return method(ins[0].expr, "detach")
 
 
 LOWER = {
@@ -1240,7 +1029,6 @@ LOWER = {
     "lookup": _lookup,
     "mask": _mask, "mask_tensor": _mask_tensor,
 }
-POSITIONS = {"argmax", "argsort", "invperm"}  # results held 0-based (raw_lo = 1)
 
 
 # ---------------------------------------------------------------- builtin modules
@@ -1257,52 +1045,64 @@ def _sdpa(b: Body, fn: ir.Function, inputs: list[str]) -> list[Line]:
     """Scaled dot-product attention, with the mask the lowering decided the calls pass:
     causal runs as is_causal=True, none as no mask, a bias (plus causal) as attn_mask; a
     mask causal at some uses and none at others reads the flag each use was built with."""
-    q, k, v, mask = inputs
+    q, k, v, mask = (Name(x) for x in inputs)
     kind = kind_of_input(fn, intrinsic(fn).mask_input)
-    lines = []
-    if b.gen.incremental is not None:
-        lines = [Line("if self.cache is not None:", "step(): the earlier positions' keys first"),
-                 Line("    if self.cache:"),
-                 Line(f"        {k} = torch.cat([self.cache[0], {k}], dim=-2)"),
-                 Line(f"        {v} = torch.cat([self.cache[1], {v}], dim=-2)"),
-                 Line(f"    self.cache = ({k}, {v})")]
-    table = f"causal_mask({q}.shape[-2], {k}.shape[-2], {q}.device).to({q}.dtype)"
+    lines = _cached_keys(k, v) if b.gen.incremental is not None else []
+
+    def sdpa(comment: str = "", depth: int = 0, **kw: Expr) -> Line:
+        return Line(Return(call("sdpa", q, k, v, **kw)), comment, depth)
     if kind is None:
-        return lines + [Line(f"return sdpa({q}, {k}, {v}, attn_mask={mask})",
-                             "scale 1/sqrt(d) is sdpa's default")]
+        return lines + [sdpa("scale 1/sqrt(d) is sdpa's default", attn_mask=mask)]
     if kind.causal is False:
-        return lines + [Line(f"return sdpa({q}, {k}, {v})", "no mask")]
+        return lines + [sdpa("no mask")]
+    length = [Subscript(Attr(x, "shape"), (Const(-2),)) for x in (q, k)]
+    table = method(call("causal_mask", *length, Attr(q, "device")), "to", Attr(q, "dtype"))
     if kind.bias:
-        return lines + [Line(f"{mask} = {mask} + {table}", "the bias plus Mask^AR"),
-                        Line(f"return sdpa({q}, {k}, {v}, attn_mask={mask})")]
-    causal = [Line(f"return sdpa({q}, {k}, {v}, is_causal=True)", "Mask^AR")]
+        return lines + [Line(Assign((mask,), BinOp(mask, "+", table)), "the bias plus Mask^AR"),
+                        sdpa(attn_mask=mask)]
+    causal = [sdpa("Mask^AR", is_causal=Const(True))]
     if b.gen.incremental is not None:
         causal = [
-            Line(f"if {q}.shape[-2] == {k}.shape[-2]:"),
-            Line(f"    return sdpa({q}, {k}, {v}, is_causal=True)", "Mask^AR"),
-            Line(f"if {q}.shape[-2] == 1:", "the newest position sees every key"),
-            Line(f"    return sdpa({q}, {k}, {v})"),
-            Line(f"{mask} = {table}", "Mask^AR aligned to the keys' end"),
-            Line(f"return sdpa({q}, {k}, {v}, attn_mask={mask})")]
+            Line(If(Compare(length[0], "==", length[1]))),
+            sdpa("Mask^AR", 1, is_causal=Const(True)),
+            Line(If(Compare(length[0], "==", Const(1))), "the newest position sees every key"),
+            sdpa(depth=1),
+            Line(Assign((mask,), table), "Mask^AR aligned to the keys' end"),
+            sdpa(attn_mask=mask)]
     if kind.causal is None:  # PER_USE
         flag = b.gen.mask_flags(fn)[intrinsic(fn).mask_input]
-        return lines + [Line(f"if self.{flag}:", "this use is given Mask^AR")] + \
-            [Line("    " + x.code, x.comment) for x in causal] + \
-            [Line(f"return sdpa({q}, {k}, {v})", "this use is given Mask^BD: no mask")]
+        return lines + [Line(If(dotted(f"self.{flag}")), "this use is given Mask^AR")] + \
+            [dataclasses.replace(x, depth=x.depth + 1) for x in causal] + \
+            [sdpa("this use is given Mask^BD: no mask")]
     return lines + causal
 
 
+def _cached_keys(k: Expr, v: Expr) -> list[Line]:
+    """step(): the keys and values of the earlier positions go first."""
+    cache = dotted("self.cache")
+
+    def extended(x: Expr, at: int) -> Line:
+        earlier = Subscript(cache, (Const(at),))
+        return Line(Assign((x,), call("torch.cat", List((earlier, x)), dim=Const(-2))), depth=2)
+    return [Line(If(Compare(cache, "is not", Const(None))),
+                 "step(): the earlier positions' keys first"),
+            Line(If(cache), depth=1), extended(k, 0), extended(v, 1),
+            Line(Assign((cache,), Tuple((k, v))), depth=1)]
+
+
 def _layer_norm(b: Body, fn: ir.Function, inputs: list[str]) -> list[Line]:
-    (x,) = inputs
-    return [Line(f"return layer_norm({x}, self.gamma.shape, self.gamma, self.beta, self.eps)")]
+    gamma, beta = dotted("self.gamma"), dotted("self.beta")
+    return [Line(Return(call("layer_norm", Name(inputs[0]), Attr(gamma, "shape"), gamma, beta,
+                             dotted("self.eps"))))]
 
 
 def _softmax(b: Body, fn: ir.Function, inputs: list[str]) -> list[Line]:
-    return [Line(f"return torch.softmax({inputs[0]}, dim=-1)")]
+    return [Line(Return(call("torch.softmax", Name(inputs[0]), dim=Const(-1))))]
 
 
 def _gelu(b: Body, fn: ir.Function, inputs: list[str]) -> list[Line]:
-    return [Line(f"return gelu({inputs[0]}, approximate={intrinsic(fn).approximate!r})")]
+    approximate = Const(intrinsic(fn).approximate)
+    return [Line(Return(call("gelu", Name(inputs[0]), approximate=approximate)))]
 
 
 # Intrinsics (compiler/elaborate/intrinsics.py) whose forward is one fused torch call, by
@@ -1389,17 +1189,11 @@ class Generator:
     def by_position(self, d) -> bool:
         """Whether a size is the generated length of an incremental model: a table or a
         parameter along it is read from the first new position on."""
-        return self.incremental is not None and isinstance(d, Poly) and \
-            self.incremental.length in d.symbols()
+        return by_position(d, self.incremental.length if self.incremental else None)
 
     def is_kind(self, e: Eqn, kind: str) -> bool:
         """Whether `e` calls an intrinsic of this kind."""
         return e.op == "call" and is_kind(self.functions.get(e.attrs["module"]), kind)
-
-    def guard_py(self, text: str, sym: dict[str, str]) -> str:
-        """A guard (`l is odd`, `not (E != H)`) as Python, each name as `sym` spells it
-        (`self.l`, a hyperparameter's constant): printed from its condition's tree."""
-        return guards.python(text, sym)
 
     # -- module classes
     def module_class(self, name: str) -> str:
@@ -1503,9 +1297,12 @@ class Generator:
                     signature |= d.symbols()
         return sorted(params | (signature - known - set(self.forward_hypers(fn))))
 
-    def _symbol_sources(self, fn: ir.Function, namer: Namer) -> dict[str, str]:
+    def _symbol_sources(self, fn: ir.Function, namer: Namer) -> dict[str, Expr]:
         """Each size symbol of a module, read off its inputs' shapes where possible."""
-        sym: dict[str, str] = {}
+        sym: dict[str, Expr] = {}
+
+        def axis(name: str, k: int) -> Expr:
+            return Subscript(Attr(Name(namer(name)), "shape"), (Const(k),))
         for v in fn.inputs:
             t = v.type
             member = t.member() if t.family is not None else t
@@ -1515,17 +1312,16 @@ class Generator:
                 for k, d in enumerate(dims):
                     if isinstance(d, Poly) and len(d.symbols()) == 1 and d == Poly.sym(
                             next(iter(d.symbols()))):
-                        sym.setdefault(next(iter(d.symbols())),
-                                       f"{namer(v.name)}.shape[{k - offset}]")
+                        sym.setdefault(next(iter(d.symbols())), axis(v.name, k - offset))
                 continue
             r = len(member.shape)
             for k, d in enumerate(member.shape):
                 if isinstance(d, Poly) and len(d.terms) == 1 and d == Poly.sym(
                         next(iter(d.symbols()))) if d.symbols() else False:
-                    sym.setdefault(next(iter(d.symbols())), f"{namer(v.name)}.shape[{k - r}]")
+                    sym.setdefault(next(iter(d.symbols())), axis(v.name, k - r))
             if t.family is not None and isinstance(t.family, Poly) and t.family.symbols():
                 s = next(iter(t.family.symbols()))
-                sym.setdefault(s, f"{namer(v.name)}.shape[{-r - 1}]")
+                sym.setdefault(s, axis(v.name, -r - 1))
         return sym
 
     def _module_view(self, fn: ir.Function, cls: str) -> ClassView:
@@ -1548,7 +1344,7 @@ class Generator:
                        + [(f"module use {e.attrs['instance']}", ident(e.attrs["instance"]))
                           for e in fn.eqns if e.op == "call"]
                        + [(f"size {x}", ident(x)) for x in static], f"module `{fn.name}`")
-        device = (f"{namer(fn.inputs[0].name)}.device" if fn.inputs else "device")
+        device = Attr(Name(namer(fn.inputs[0].name)), "device") if fn.inputs else Name("device")
         self.in_module = True
         body = Body(self, sym, device, namer, self_attr, fn.span.file if fn.span else "")
         body.spec_names = {**self._use_names(self.cfg.functions[fn.name].eqns
@@ -1579,30 +1375,30 @@ class Generator:
             body.lower(fn.eqns)
             outs = [o.name for o in fn.outputs]
             lines = body.emit(outs)
-            results = []
+            results: list[Expr] = []
             for o, declared in zip(outs, fn.outputs):
                 r = _spec_value(body, body.vals[o], body.result(o)) if o in body.vals \
-                    else "None"
+                    else Const(None)
                 if not fn.inputs and declared.type.dtype == "real":
                     # a table computed from sizes alone, in the caller's precision
-                    if not _resolve_refs(r).isidentifier():
+                    if not isinstance(r, (Ref, Name)):
                         table = body.namer.alias(f"%table{len(results)}", "table")
-                        lines.append(Line(f"{table} = {r}"))
-                        r = table
-                    r = f"{r}.to(dtype=dtype)"
+                        lines.append(Line(Assign((Name(table),), r)))
+                        r = Name(table)
+                    r = method(r, "to", dtype=Name("dtype"))
                 elif o in body.vals and declared.type.dtype == "real" and \
                         body.vals[o].type.dtype != "real":
-                    r = f"{operand(r, PRIMARY)}.to(torch.get_default_dtype())"
+                    r = method(r, "to", call("torch.get_default_dtype"))
                 results.append(r)
-            lines.append(Line(f"return {', '.join(results)}"))
-            self._resolve_line_refs(body, lines)
+            lines.append(Line(Return(_values(results))))
         self.in_module = False
         kw_part = []
         if forward_kw:
-            kw_part = [f"*, {', '.join(ident(s) for s in forward_kw)}"
-                       + ("" if fn.inputs else ", device=None"
-                          + ("" if fused_forward(fn) is not None else ", dtype=None"))]
-        fwd = ", ".join(["self"] + passed + kw_part)
+            kw_part = ["*", *(ident(s) for s in forward_kw)]
+            if not fn.inputs:
+                kw_part += ["device=None"] + ([] if fused_forward(fn) is not None
+                                              else ["dtype=None"])
+        fwd = ["self"] + passed + kw_part
         init_lines = [f"self.{ident(s)} = {ident(s)}" for s in static]
         init_lines += [f"self.{flag} = {flag}  # this use is given Mask^AR (else Mask^BD)"
                        for flag in flags.values()]
@@ -1636,44 +1432,34 @@ class Generator:
                 names[e.ins[0].name] = value_name(fn.name)
         return names
 
-    def _resolve_line_refs(self, body: Body, lines: list[Line]) -> None:
-        for line in lines:
-            line.code = _resolve_refs(line.code)
-
     def _param_view(self, p: ir.Param, attr: str, sym: dict[str, str]) -> ParamView:
         dims = list(p.type.shape)
         if p.type.family is not None:
             dims = family_layout(dims, p.type.family)
-        shape = "(" + ", ".join(py_poly(d, sym) for d in dims) + ("," if len(dims) == 1 else "") \
-            + ")"
-        init = p.init
+        shape = tuple(py_poly(d, sym) for d in dims)
         plain = _Names()
-        what = f"{p.declared}: R[{', '.join(py_poly(d, plain) for d in p.type.shape)}]"
+        what = f"{p.declared}: R[{', '.join(py_poly(d, plain).text for d in p.type.shape)}]"
         if p.type.family is not None:
-            what += f" for each of {py_poly(p.type.family, plain)}"
-        return ParamView(attr, shape, what, init)
+            what += f" for each of {py_poly(p.type.family, plain).text}"
+        return ParamView(attr, shape, what, p.init)
 
-    def _ctor(self, e: Eqn, caller_sym: dict[str, str],
-              caller_flags: dict[str, str] | None = None) -> str:
+    def _ctor(self, e: Eqn, caller_sym: dict,
+              caller_flags: dict[str, str] | None = None) -> Call:
         fn = self.functions[e.attrs["module"]]
         cls = self.module_class(fn.name)
-        static = self.static_symbols(fn)
-        args = []
-        for s in static:
+        args: dict[str, Expr] = {}
+        for s in self.static_symbols(fn):
             value = e.attrs["bindings"].get(s)
             if value is None:
                 raise Unsupported(f"`{fn.name}`: size `{s}` is not bound at this use")
-            if isinstance(value, float):
-                args.append(f"{ident(s)}={value!r}")
-            else:
-                args.append(f"{ident(s)}={py_poly(value, caller_sym)}")
+            args[ident(s)] = Const(value) if isinstance(value, float) \
+                else py_poly(value, caller_sym)
         for inp, flag in self.mask_flags(fn).items():
             given = e.attrs["masks"][inp]
             own = from_caller(given)  # the caller's own flag, or this use's kind
-            value = f"self.{(caller_flags or {})[own]}" if own is not None \
-                else str(MaskKind.of(given).causal)
-            args.append(f"{flag}={value}")
-        return f"{cls}({', '.join(args)})"
+            args[flag] = dotted(f"self.{(caller_flags or {})[own]}") if own is not None \
+                else Const(MaskKind.of(given).causal)
+        return call(cls, **args)
 
     def mask_flags(self, fn: ir.Function) -> dict[str, str]:
         """Constructor flags of a module given Mask^AR at some uses and Mask^BD at others
@@ -1703,48 +1489,49 @@ class Generator:
                     out.extend(doc_lines(safe_doc(text)))
         return out
 
-    def lower_call(self, b: Body, e: Eqn, ins: list[_Val]) -> list[str]:
+    def lower_call(self, b: Body, e: Eqn, ins: list[_Val]) -> list[Expr]:
         fn = self.functions[e.attrs["module"]]
         if is_kind(fn, "concat") and ins and ins[0].layout.rank is not None:
-            r = ins[0].layout.rank
-            return [f"{ins[0].expr}.movedim({-r - 1}, -2).flatten(-2)"]
+            return [_flatten_family(ins[0].expr, ins[0].layout.rank)]
         inst = e.attrs["instance"]
-        target = b.self_attr.get(inst) or f"self.{ident(inst)}"
-        args = []
-        for v, inp in zip(ins, fn.inputs):
-            expr = v.expr
-            if _no_value(fn, inp.name):  # a mask by meaning alone: nothing to pass
-                continue
-            if v.raw_lo is not None:  # integers cross into modules as the spec's values
-                expr = _shifted(b, v.expr, v.raw_lo)
-            if e.family is not None and v.layout.lead and not v.layout.fam and \
-                    v.layout.rank is not None:
-                # a per-batch value into a per-member call: a unit axis where the members'
-                # axis is, so the batch does not broadcast against the members
-                expr = _unsq(operand(expr, PRIMARY), 1, -v.layout.rank - 1)
-            if inp.type.dtype == "real" and v.type.dtype != "real" and "{{" in expr:
-                # an integer argument where the module takes reals
-                dt = b.real_dtype
-                expr = f"{operand(expr, PRIMARY)}.to({dt})"
-            args.append(expr)
-        forward_kw = self.forward_hypers(fn)
+        target = dotted(b.self_attr.get(inst) or f"self.{ident(inst)}")
+        args = [self._argument(b, e, v, inp.type.dtype == "real")
+                for v, inp in zip(ins, fn.inputs)
+                if not _no_value(fn, inp.name)]  # a mask by meaning alone: nothing to pass
+        kw: dict[str, Expr] = {}
         rows = self._table_axis(b, e, fn)
-        if forward_kw:
-            kw = []
-            for name in forward_kw:
-                value = e.attrs["bindings"][name]
-                first = f"{b.start} + " if rows is not None and self.by_position(value) else ""
-                kw.append(f"{ident(name)}={value!r}" if isinstance(value, float)
-                          else f"{ident(name)}={first}{py_poly(value, b.sym)}")
-            if not fn.inputs:
-                kw.append(f"device={b.device}")
-                if fused_forward(fn) is None:
-                    kw.append(f"dtype={b.real_dtype}")
-            args.extend(kw)
+        for name in self.forward_hypers(fn):
+            value = e.attrs["bindings"][name]
+            if isinstance(value, float):
+                kw[ident(name)] = Const(value)
+            elif rows is not None and self.by_position(value):
+                kw[ident(name)] = BinOp(b.start, "+", py_poly(value, b.sym))  # type: ignore
+            else:
+                kw[ident(name)] = py_poly(value, b.sym)
+        if self.forward_hypers(fn) and not fn.inputs:
+            kw["device"] = b.device
+            if fused_forward(fn) is None:
+                kw["dtype"] = b.real_dtype
         if e.family is not None and has_params(fn, self.functions):
             raise Unsupported(f"`{fn.name}` has parameters but is used once per family member")
-        call = f"{target}({', '.join(args)})"
-        return [call if rows is None else f"{call}[{':, ' * rows}{b.start}:]"]
+        result = call(target, *args, **kw)
+        if rows is None:
+            return [result]
+        return [Subscript(result, (*[Slice()] * rows, Slice(b.start)))]
+
+    def _argument(self, b: Body, e: Eqn, v: _Val, real: bool) -> Expr:
+        """A value passed to a module: integers cross as the spec's values; a per-batch
+        value into a per-member call gets a unit axis where the members' axis is, so the
+        batch does not broadcast against the members."""
+        expr = v.expr
+        if v.raw_lo is not None:
+            expr = _shifted(b, v.expr, v.raw_lo)
+        if e.family is not None and v.layout.lead and not v.layout.fam and \
+                v.layout.rank is not None:
+            expr = _unsq(expr, 1, -v.layout.rank - 1)
+        if real and v.type.dtype != "real" and any(expr.refs()):
+            expr = method(expr, "to", b.real_dtype)  # an integer where the module takes reals
+        return expr
 
     def _table_axis(self, b: Body, e: Eqn, fn: ir.Function) -> int | None:
         """For a table computed from sizes along the generated length (positions, a banded
@@ -1764,51 +1551,50 @@ class Generator:
     def loop_lines(self, b: Body, e: Eqn, materialize: set[str]) -> list[Line]:
         info = self.loops[e.attrs["index"]]
         inputs = {v.name for v in self.model.inputs}
-        args = []
+        args: list[Expr] = []
         for k, o in enumerate(e.ins):
             if o.name not in b.vals:  # a model parameter the layers use as it is
                 args.append(b.operand(o, e).expr)
                 continue
             v = b.vals[o.name]
-            expr = b._inline(v.expr, materialize) if v.expr in b.exprs and \
-                v.expr not in materialize else v.expr
+            expr = b._inline(v.py, materialize) if v.py in b.exprs and \
+                v.py not in materialize else v.expr
             if k < len(info["carried"]) or o.name not in inputs:
                 expr = _spec_value(b, v, expr)  # only the model's inputs go in 0-based
             args.append(expr)
         nc = len(info["carried"])
-        py = {o.name: b.vals[o.name].expr for o in e.outs}
+        py = {o.name: Name(b.vals[o.name].py) for o in e.outs}
         outs = [py[o.name] for o in e.outs[:nc]]
-        carried_args = args[:nc]
-        rest = args[nc:]
-        lines = []
-        for out, init in zip(outs, carried_args):
-            if out != init:
-                lines.append(Line(f"{out} = {init}"))
+        lines = [Line(Assign((out,), init)) for out, init in zip(outs, args[:nc])
+                 if out.text != init.text]
         # what each layer returns besides the carried values, by the name it gets here
-        returned = {inner: b.namer(inner) for inner in info["extra"]}
+        returned = {inner: Name(b.namer(inner)) for inner in info["extra"]}
         returned.update((i, py[o]) for i, o in info["last"])
         inputs_of = {c.inner: out for c, out in zip(info["carried"], outs)}
         results_of = {c.result: out for c, out in zip(info["carried"], outs)}
         for _, outer in info["each"]:
-            lines.append(Line(f"{py[outer]} = []", "each layer's value, stacked below"))
-        call_args = ", ".join(outs + rest + [f"{t}={t}" for t in info["lengths"]])
-        target = ", ".join(outs + [returned[i] for i in info["extra"]])
-        lines.append(Line(f"for layer in self.{info['attr']}:",
+            lines.append(Line(Assign((py[outer],), List(())), "each layer's value, stacked below"))
+        layer = Name("layer")
+        call_args = [*outs, *args[nc:]]
+        layer_call = call(layer, *call_args, **{t: Name(t) for t in info["lengths"]})
+        targets = (*outs, *(returned[i] for i in info["extra"]))
+        lines.append(Line(For(layer, dotted(f"self.{info['attr']}")),
                           f"{self.layer_count(info)} layers"))
         for inner, outer in info["each"]:
             if inner in inputs_of:  # X^(0..L-1): what each layer starts from
-                lines.append(Line(f"    {py[outer]}.append({inputs_of[inner]})"))
-        lines.append(Line(f"    {target} = layer({call_args})"))
+                lines.append(Line(Do(method(py[outer], "append", inputs_of[inner])), depth=1))
+        lines.append(Line(Assign(targets, layer_call), depth=1))
         for inner, outer in info["each"]:
             if inner not in inputs_of:
                 value = results_of.get(inner) or returned[inner]
-                lines.append(Line(f"    {py[outer]}.append({value})"))
+                lines.append(Line(Do(method(py[outer], "append", value)), depth=1))
         for _, outer in info["each"]:
-            lines.append(Line(f"{py[outer]} = torch.stack({py[outer]}, dim=1)"))
+            stacked = call("torch.stack", py[outer], dim=Const(1))
+            lines.append(Line(Assign((py[outer],), stacked)))
         return lines
 
     def layer_count(self, info) -> str:
-        return py_poly(info["loop"].hi, self.comment_sym)
+        return py_poly(info["loop"].hi, self.comment_sym).text
 
     # -- the model
     def generate(self) -> str:
@@ -1831,12 +1617,12 @@ class Generator:
                        + [(f"module use {e.attrs['instance']}", ident(e.attrs["instance"]))
                           for e in calls]
                        + [("the layers", "layers")], f"model `{model.name}`")
-        body = Body(self, msym, "device", namer, self_attr, self.spec.path)
+        body = Body(self, msym, Name("device"), namer, self_attr, self.spec.path)
         body.spec_names = self._use_names(self.cfg.model.body)
         if self.incremental is not None:
-            body.start = "start"
+            body.start = Name("start")
         if model.params:
-            body.real_dtype = f"self.{ident(model.params[0].name)}.dtype"
+            body.real_dtype = dotted(f"self.{ident(model.params[0].name)}.dtype")
         args = []
         for v in model.inputs:
             lo = v.type.lo if v.type.dtype == "int" else None
@@ -1861,77 +1647,84 @@ class Generator:
                     guards = [g for g in e.guards
                               if not set(re.findall(NAME, g.text)) & loop_vars]
                     if guards:
-                        guard = " and ".join(self.guard_py(str(g), self.init_sym)
-                                         for g in guards)
-                        ctor = f"{ctor} if {guard} else None"
+                        guard = all_of(*(guard_expr(str(g), self.init_sym) for g in guards))
+                        ctor = IfExp(ctor, guard, Const(None))
                     subs.append(SubView(attr, ctor))
         body.lower(eqns)
         outputs = [o.name for o in model.outputs]
         softmax_out = len(outputs) == 1 and body.vals[outputs[0]].producer is not None and \
             self.is_kind(body.vals[outputs[0]].producer, "softmax")
-        head = self._prologue(model, {v.name: body.vals[v.name].expr for v in model.inputs})
+        head = self._prologue(model, {v.name: body.vals[v.name].py for v in model.inputs})
         if softmax_out:
             producer = body.vals[outputs[0]].producer
             logits_name = producer.ins[0].name
             lines = head + body.emit([logits_name])
-            lines.append(Line(f"return {body.result(logits_name)}"))
-            self._resolve_line_refs(body, lines)
-            extra = [*fit(f"def forward(self, {', '.join(args)}):"),
+            lines.append(Line(Return(body.result(logits_name))))
+            logits = call("self.logits", *map(Name, args))
+            extra = [*fit(Def("forward", ("self", *args))),
                      f'    """{model.outputs[0].name}: the probabilities, Softmax(logits)."""',
-                     *fit(f"    return torch.softmax(self.logits({', '.join(args)}), dim=-1)")]
+                     *fit(Return(call("torch.softmax", logits, dim=Const(-1))), 1)]
             method_name = "logits"
         else:
             lines = head + body.emit(outputs)
             # integer outputs are the spec's values, except an input returned as it came
             inputs = {v.name for v in model.inputs}
-            result = ", ".join(body.result(o) if o in inputs else
-                               _spec_value(body, body.vals[o], body.result(o))
-                               for o in outputs)
-            lines.append(Line(f"return {result}"))
-            self._resolve_line_refs(body, lines)
+            lines.append(Line(Return(_values([
+                body.result(o) if o in inputs else _spec_value(body, body.vals[o], body.result(o))
+                for o in outputs]))))
             extra = []
             method_name = "forward"
-        rest = "\n".join(ln.code for ln in lines if not ln.code.startswith("device = "))
-        # nothing made on the inputs' device (`device=x.device` is a keyword and an attribute)
-        if not re.search(r"(?<![\w.])device\b(?!=)", rest):
-            lines = [ln for ln in lines if not ln.code.startswith("device = ")]
+        rest = [ln for ln in lines if not (isinstance(ln.stmt, Assign)
+                                           and ln.stmt.targets == (Name("device"),))]
+        if "device" not in _paths(rest):  # nothing made on the inputs' device
+            lines = rest
         extra += self._signature_method(model)
         forward_args = ["self"] + args
         if self.incremental is not None:
             extra += self._step_methods(args, method_name)
             forward_args += ["*", "start=0"]
         view = ClassView(model_cls, self._model_doc(), ["config"], ["self.config = config"],
-                         params, subs, ", ".join(forward_args), lines, kind="model",
+                         params, subs, forward_args, lines, kind="model",
                          extra_methods=extra)
         view.method_name = method_name  # type: ignore[attr-defined]
         view.logits_of = model.outputs[0].name if softmax_out else None  # type: ignore
         return self._render(view, layer_classes)
 
+    def _cache_sites(self) -> Expr:
+        """The attentions step() keeps the keys and values of, layer by layer: a list."""
+        inc = self.incremental
+        parts: list[Expr] = []
+        layer, site = Name("layer"), Name("site")
+        for loop in sorted({s.loop for s in inc.sites}, key=lambda k: -1 if k is None else k):
+            paths = [".".join(ident(p) for p in s.path) for s in inc.sites if s.loop == loop]
+            if loop is None:
+                parts.append(List(tuple(dotted(f"self.{p}") for p in paths)))
+                continue
+            layers = (layer, dotted(f"self.{layers_attr(loop)}"))
+            if len(paths) == 1:
+                parts.append(Comp(dotted(f"layer.{paths[0]}"), (layers,)))
+            else:
+                each = Tuple(tuple(dotted(f"layer.{p}") for p in paths))
+                parts.append(Comp(site, (layers, (site, each))))
+        out = parts[0]
+        for part in parts[1:]:
+            out = BinOp(out, "+", part)
+        return out
+
     def _step_methods(self, args: list[str], method: str) -> list[str]:
         """cache_sites() and step(): the incremental form, with the keys and values of the
         positions before this call's (see compiler/passes/incremental.py)."""
-        inc = self.incremental
-        parts = []
-        for loop in sorted({s.loop for s in inc.sites}, key=lambda k: -1 if k is None else k):
-            sites = [s for s in inc.sites if s.loop == loop]
-            paths = [".".join(ident(p) for p in s.path) for s in sites]
-            if loop is None:
-                parts.append("[" + ", ".join(f"self.{p}" for p in paths) + "]")
-            elif len(paths) == 1:
-                parts.append(f"[layer.{paths[0]} for layer in self.{layers_attr(loop)}]")
-            else:
-                parts.append(f"[site for layer in self.{layers_attr(loop)} for site in ("
-                             + ", ".join(f"layer.{p}" for p in paths) + ")]")
         what = "logits" if method == "logits" else "outputs"
-        call = ", ".join(args + ["start=start"])
+        result = call(f"self.{method}", *map(Name, args), start=Name("start"))
+        present = Comp(dotted("site.cache"), ((Name("site"), Name("sites")),))
         q = '"""'
         return ["",
                 "def cache_sites(self):",
                 f"    {q}The attentions whose keys and values step() keeps, in the order of its",
                 f"    `past`: layer by layer.{q}",
-                *fit("    return " + " + ".join(parts)),
+                *fit(Return(self._cache_sites()), 1),
                 "",
-                *fit(f"def step(self, {', '.join(args)}, past=None):"),
+                *fit(Def("step", ("self", *args, "past=None"))),
                 f"    {q}The incremental form. The tokens are those at the positions after the P",
                 "    that `past` holds the keys and values of: one (key, value) pair per",
                 "    attention of cache_sites(), each (B, A, P, D); None when there are none",
@@ -1946,7 +1739,7 @@ class Generator:
                 "    for site, kv in zip(sites, past or [()] * len(sites)):",
                 "        site.cache = kv",
                 "    try:",
-                *fit(f"        return self.{method}({call}), [site.cache for site in sites]"),
+                *fit(Return(Tuple((result, present), bare=True)), 2),
                 "    finally:",
                 "        for site in sites:",
                 "            site.cache = None"]
@@ -1972,20 +1765,17 @@ class Generator:
     def _config_code(self, form):
         """The signature form with its `Number`s and `Text`s as Python over `self.config`."""
         if isinstance(form, Number):
-            return _Code(py_poly(form.size, self.fwd_sym))
+            return py_poly(form.size, self.fwd_sym)
         if isinstance(form, Text):
             parts, exact = form.template()
-            text = "".join(json.dumps(p)[1:-1].replace("{", "{{").replace("}", "}}")
-                           if k % 2 == 0 else "{" + self.fwd_sym[p] + "}"
-                           for k, p in enumerate(parts))
-            code = f'f"{text}"'
+            code: Expr = FString(tuple(p if k % 2 == 0 else dotted(self.fwd_sym[p])
+                                       for k, p in enumerate(parts)))
             if not exact:  # a text naming the size elsewhere; at this configuration, the
                 hypers = form.hypers()  # ONNX graph's
-                now = ", ".join(py_poly(self.values[h], {}) for h in hypers)
-                code = (f"({json.dumps(form.at(self.values))} if "
-                        f"({', '.join(self.fwd_sym[h] for h in hypers)},) == ({now},) "
-                        f"else {code})")
-            return _Code(code)
+                sizes = Tuple(tuple(dotted(self.fwd_sym[h]) for h in hypers))
+                now = Tuple(tuple(py_poly(self.values[h], {}) for h in hypers))
+                code = IfExp(Const(form.at(self.values)), Compare(sizes, "==", now), code)
+            return code
         if isinstance(form, dict):
             return {k: self._config_code(v) for k, v in form.items()}
         if isinstance(form, list):
@@ -1997,45 +1787,49 @@ class Generator:
         against the spec's maximum."""
         lines = []
         first = None
+        lengths: set[str] = set()
         for v in model.inputs:
+            x = Name(names[v.name])
             for k, d in enumerate(v.type.shape):
                 along = v.type.dtype != "real" or k < len(v.type.shape) - 1
+                axis = k + (2 if v.type.family is not None else 1)  # after a family's axis
+                size = Subscript(Attr(x, "shape"), (Const(axis),))
                 if along and isinstance(d, Poly) and d.symbols() and \
                         not d.symbols() & self.dynamic:
                     # a length a parameter fixes (ir.sequence_symbols): this size only, as
                     # the ONNX graph's input shape says
-                    x = names[v.name]
-                    axis = k + (2 if v.type.family is not None else 1)
-                    size = py_poly(d, self.fwd_sym)
-                    lines.append(Line(f"assert {x}.shape[{axis}] == {size}, "
-                                      f"f\"{v.name}: {{{x}.shape[{axis}]}} along axis {axis}; "
-                                      f"the model takes exactly {{{size}}}\""))
+                    exact = py_poly(d, self.fwd_sym)
+                    lines.append(Line(Assert(Compare(size, "==", exact), (
+                        FString((f"{v.name}: ", size, f" along axis {axis}; ")),
+                        FString(("the model takes exactly ", exact))))))
                     continue
                 if isinstance(d, Poly) and d.symbols() & self.dynamic and len(d.terms) == 1:
                     s = next(iter(d.symbols()))
                     T = self.run_length[s]
-                    if any(ln.code.startswith(f"{T} = ") for ln in lines):
+                    if T in lengths:
                         continue
-                    x = names[v.name]
+                    lengths.add(T)
                     first = first or x
-                    axis = k + (2 if v.type.family is not None else 1)  # after a family's axis
-                    lines.append(Line(f"{T} = {x}.shape[{axis}]", "this call's sequence length"
+                    lines.append(Line(Assign((Name(T),), size), "this call's sequence length"
                                       if len(self.run_length) == 1 else
                                       f"the length of {v.name} in this call"))
-                    if self.by_position(d):
-                        lines.append(Line(f"assert start + {T} <= {self.fwd_sym[s]}, "
-                                          f"f\"positions up to {{start + {T}}}; the model takes "
-                                          f"at most {{{self.fwd_sym[s]}}}\""))
-                        continue
-                    lines.append(Line(f"assert {T} <= {self.fwd_sym[s]}, "
-                                      f"f\"sequence of {{{T}}} tokens; the model takes at most "
-                                      f"{{{self.fwd_sym[s]}}}\""))
+                    lines.append(self._length_check(Name(T), d, dotted(self.fwd_sym[s])))
+        if first is None and model.inputs:
+            first = Name(names[model.inputs[0].name])
         if first is not None:
-            lines.append(Line(f"device = {first}.device"))
-            return lines
-        if model.inputs:
-            lines.append(Line(f"device = {names[model.inputs[0].name]}.device"))
+            lines.append(Line(Assign((Name("device"),), Attr(first, "device"))))
         return lines
+
+    def _length_check(self, T: Name, d: Poly, most: Expr) -> Line:
+        """`assert T <= n`; in step(), for the positions after `start`."""
+        if self.by_position(d):
+            end = BinOp(Name("start"), "+", T)
+            return Line(Assert(Compare(end, "<=", most), (
+                FString(("positions up to ", end, "; ")),
+                FString(("the model takes at most ", most)))))
+        return Line(Assert(Compare(T, "<=", most), (
+            FString(("sequence of ", T, " tokens; ")),
+            FString(("the model takes at most ", most)))))
 
     def _model_doc(self) -> list[str]:
         out = []
@@ -2109,9 +1903,9 @@ class Generator:
                 shared_args.append(ident(inst))
                 model_subs.append(SubView(f"self.{ident(inst)}", ctor))
             elif e.guards:
-                guard = " and ".join(self.guard_py(str(g), {**self.init_sym, loop.var: "l"})
-                                     for g in e.guards)
-                subs.append(SubView(a, f"{ctor} if {guard} else None"))
+                sym = {**self.init_sym, loop.var: "l"}
+                guard = all_of(*(guard_expr(str(g), sym) for g in e.guards))
+                subs.append(SubView(a, IfExp(ctor, guard, Const(None))))
             else:
                 subs.append(SubView(a, ctor))
         body.lower(rest)
@@ -2126,34 +1920,28 @@ class Generator:
                                    and i not in carried_results | carried_inputs))
         results = [c.result for c in loop.carried] + extra
         lines = body.emit(results)
-        lines.append(Line("return " + ", ".join(_spec_value(body, body.vals[r],
-                                                             body.result(r))
-                                                 for r in results)))
-        self._resolve_line_refs(body, lines)
+        lines.append(Line(Return(_values([_spec_value(body, body.vals[r], body.result(r))
+                                          for r in results]))))
         init_args = ["config", "l"] + shared_args
         # the run's lengths, where the layer's own equations need them
-        text = "\n".join(ln.code for ln in lines)
-        lengths = [t for t in dict.fromkeys(self.run_length.values())
-                   if re.search(rf"(?<![\w.]){re.escape(t)}(?!\w)", text)]  # not `x.T`
+        read = _paths(lines)
+        lengths = [t for t in dict.fromkeys(self.run_length.values()) if t in read]
         # a module shared by all layers is the model's: each layer holds it without
         # registering it, so the state dict names its tensors once
         init_lines = ["self.l = l"] + [f'object.__setattr__(self, "{a}", {a})  # shared'
                                        for a in shared_args]
-        if re.search(r"\bself\.config\.", text):  # sizes its forward reads
+        if "self.config" in read:  # sizes its forward reads
             init_lines.insert(0, "self.config = config")
-        view = ClassView(cls, [f"One of the {py_poly(loop.hi, self.comment_sym)} layers, "
-                               f"{loop.var} = 1..{py_poly(loop.hi, self.comment_sym)}."],
+        count = py_poly(loop.hi, self.comment_sym).text
+        view = ClassView(cls, [f"One of the {count} layers, {loop.var} = 1..{count}."],
                          init_args, init_lines, [], subs,
-                         ", ".join(["self"] + args + (["*"] + lengths if lengths else [])),
+                         ["self"] + args + (["*"] + lengths if lengths else []),
                          lines, kind="layer")
         layer_classes.append(view)
-        layers = f"for l in range(1, {py_poly(loop.hi, self.init_sym)} + 1))"
-        ctor = f"nn.ModuleList({cls}(" + ", ".join(["config", "l"] + [
-            f"{a}=self.{a}" for a in shared_args]) + f") {layers}"
-        if len(ctor) > 76 and shared_args:  # one shared module per line, under `self.x = `
-            pad = " " * 12
-            ctor = f"nn.ModuleList(\n{pad}{cls}(\n{pad}    config,\n{pad}    l,\n" + "".join(
-                f"{pad}    {a}=self.{a},\n" for a in shared_args) + f"{pad}) {layers}"
+        layer = call(cls, Name("config"), Name("l"),
+                     **{a: dotted(f"self.{a}") for a in shared_args})
+        numbers = call("range", Const(1), BinOp(py_poly(loop.hi, self.init_sym), "+", Const(1)))
+        ctor = call("nn.ModuleList", Comp(layer, ((Name("l"), numbers),), list=False))
         model_subs.append(SubView(f"self.{attr}", ctor))
         # the loop as one equation of the model's forward
         finals = []
@@ -2204,7 +1992,7 @@ class Generator:
         for c in [model_view, *layer_classes, *self.classes]:
             used = text_of(c)
             if c is model_view:
-                used += "\n".join(s.ctor for s in c.subs)
+                used += "\n".join(s.ctor.text for s in c.subs)
             c.subs = [s for s in c.subs if re.search(re.escape(s.attr) + r"\b", used)
                       or re.search(r"=" + re.escape(s.attr) + r"\b", used)]
         by_name = {c.name: c for c in self.classes}
@@ -2212,7 +2000,8 @@ class Generator:
 
         def visit(c: ClassView) -> None:
             for s in c.subs:
-                for name in re.findall(r"\b([A-Za-z_][A-Za-z0-9_]*)\(", s.ctor):
+                for name in [x.func.id for x in s.ctor.walk()
+                             if isinstance(x, Call) and isinstance(x.func, Name)]:
                     if name in by_name and name not in keep:
                         keep.append(name)
                         visit(by_name[name])
@@ -2242,13 +2031,13 @@ class Generator:
                     isinstance(value, Poly) and h.default.subs(env) == value:
                 what = safe_doc(f"{h.name} = {h.text}" + (f": {comment}" if comment else ""))
                 # one line between quotes: it ends in `.`, never in a quote of its own
-                derived.append((name, py_poly(h.default, of_self), what.rstrip(".") + "."))
+                derived.append((name, py_poly(h.default, of_self).text, what.rstrip(".") + "."))
                 continue
             if isinstance(value, Poly) and value.const_value().denominator == 1:
                 fields.append((name, "int", str(value.const_value().numerator), comment))
             else:
                 number = float(value.const_value()) if isinstance(value, Poly) else value
-                fields.append((name, "float", py_const(number, {}), comment))
+                fields.append((name, "float", py_const(number, {}).text, comment))
         return fields, derived
 
     def _render(self, model_view: ClassView, layer_classes: list[ClassView]) -> str:

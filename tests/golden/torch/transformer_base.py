@@ -104,17 +104,26 @@ class Attention(nn.Module):
     }
     """
 
-    def __init__(self):
+    def __init__(self, causal):
         super().__init__()
+        self.causal = causal  # this use is given Mask^AR (else Mask^BD)
         self.cache = None  # step(): keys and values, (B, A, P, D) each
 
-    def forward(self, Q, K, V, Mask):
+    def forward(self, Q, K, V):
         if self.cache is not None:  # step(): the earlier positions' keys first
             if self.cache:
                 K = torch.cat([self.cache[0], K], dim=-2)
                 V = torch.cat([self.cache[1], V], dim=-2)
             self.cache = (K, V)
-        return sdpa(Q, K, V, attn_mask=Mask)  # scale 1/sqrt(d) is sdpa's default
+        if self.causal:  # this use is given Mask^AR
+            if Q.shape[-2] == K.shape[-2]:
+                return sdpa(Q, K, V, is_causal=True)  # Mask^AR
+            if Q.shape[-2] == 1:  # the newest position sees every key
+                return sdpa(Q, K, V)
+            # Mask^AR aligned to the keys' end
+            Mask = causal_mask(Q.shape[-2], K.shape[-2], Q.device).to(Q.dtype)
+            return sdpa(Q, K, V, attn_mask=Mask)
+        return sdpa(Q, K, V)  # this use is given Mask^BD: no mask
 
 
 class MH(nn.Module):
@@ -134,11 +143,12 @@ class MH(nn.Module):
     }
     """
 
-    def __init__(self, A, D, H):
+    def __init__(self, A, D, H, causal):
         super().__init__()
         self.A = A
         self.D = D
         self.H = H
+        self.causal = causal  # this use is given Mask^AR (else Mask^BD)
         self.W_Q = nn.Parameter(torch.empty(H, A, D))  # W_i^Q: R[H, D] for each of A
         self.b_Q = nn.Parameter(torch.empty(A, D))  # b_i^Q: R[D] for each of A
         self.W_K = nn.Parameter(torch.empty(H, A, D))  # W_i^K: R[H, D] for each of A
@@ -147,7 +157,7 @@ class MH(nn.Module):
         self.b_V = nn.Parameter(torch.empty(A, D))  # b_i^V: R[D] for each of A
         self.W_O = nn.Parameter(torch.empty(A * D, H))  # W^O: R[A * D, H]
         self.b_O = nn.Parameter(torch.empty(H,))  # b^O: R[H]
-        self.Attention = Attention()
+        self.Attention = Attention(causal=self.causal)
         self.reset_parameters()
 
     def reset_parameters(self):
@@ -160,7 +170,7 @@ class MH(nn.Module):
         nn.init.normal_(self.W_O, std=0.02)
         nn.init.zeros_(self.b_O)
 
-    def forward(self, X, Mask):
+    def forward(self, X):
         # (*, A, n, D)  transformer.fgpt:46
         head = self.Attention(
             (
@@ -175,7 +185,6 @@ class MH(nn.Module):
                 project(X, self.W_V.flatten(-2)).unflatten(-1, (self.A, -1)).movedim(-2, -3)
                 + self.b_V.unsqueeze(-2)
             ),
-            Mask.unsqueeze(-3),
         )
         return project(head.movedim(-3, -2).flatten(-2), self.W_O) + self.b_O
 
@@ -263,7 +272,7 @@ class MHA(nn.Module):
         self.b_V = nn.Parameter(torch.empty(A, D))  # b_i^V: R[D] for each of A
         self.W_O = nn.Parameter(torch.empty(A * D, H))  # W^O: R[A * D, H]
         self.b_O = nn.Parameter(torch.empty(H,))  # b^O: R[H]
-        self.Attention = Attention()
+        self.Attention = Attention(causal=False)
         self.reset_parameters()
 
     def reset_parameters(self):
@@ -276,7 +285,7 @@ class MHA(nn.Module):
         nn.init.normal_(self.W_O, std=0.02)
         nn.init.zeros_(self.b_O)
 
-    def forward(self, X_Q, X_K, X_V, Mask):
+    def forward(self, X_Q, X_K, X_V):
         # (*, A, m, D)  transformer.fgpt:60
         head = self.Attention(
             (
@@ -291,7 +300,6 @@ class MHA(nn.Module):
                 project(X_V, self.W_V.flatten(-2)).unflatten(-1, (self.A, -1)).movedim(-2, -3)
                 + self.b_V.unsqueeze(-2)
             ),
-            Mask.unsqueeze(-3),
         )
         return project(head.movedim(-3, -2).flatten(-2), self.W_O) + self.b_O
 
@@ -308,26 +316,14 @@ class Sinusoid(nn.Module):
         super().__init__()
 
     def forward(self, *, K, H, device=None, dtype=None):
-        k = torch.arange(1, K + 1, device=device).view(-1, 1)  # (K, 1)  transformer.fgpt:79
-        c = torch.arange(1, H + 1, device=device).view(1, -1)  # (1, H)  transformer.fgpt:79
-        t2 = c - 1  # (1, H)  transformer.fgpt:80
-        t = (k - 1) / torch.pow(10000, (t2 - t2 % 2) / H)  # (K, H)  transformer.fgpt:80
-        table = torch.broadcast_to(torch.where(c % 2 == 1, torch.sin(t), torch.cos(t)), (K, H,))
-        return table.to(dtype=dtype)
-
-
-class Mask_X(nn.Module):
-    """
-    module Mask^X[m, n] -> R[m, n] {
-      Mask^X[i, j] = 0
-    }
-    """
-
-    def __init__(self):
-        super().__init__()
-
-    def forward(self, *, m, n, device=None, dtype=None):
-        table = torch.full((m, n,), 0, device=device)
+        k = torch.arange(K, device=device).view(-1, 1)  # (K, 1)  transformer.fgpt:79
+        c = torch.arange(H, device=device).view(1, -1)  # (1, H)  transformer.fgpt:79
+        t2 = c  # (1, H)  transformer.fgpt:80
+        t = k / torch.pow(10000, (t2 - t2 % 2) / H)  # (K, H)  transformer.fgpt:80
+        table = torch.broadcast_to(
+            torch.where((c + 1) % 2 == 1, torch.sin(t), torch.cos(t)),
+            (K, H),
+        )
         return table.to(dtype=dtype)
 
 
@@ -339,14 +335,14 @@ class TransformerLayer(nn.Module):
     def __init__(self, config, l):
         super().__init__()
         self.l = l
-        self.enc_self_attn = MH(A=config.A, D=config.D, H=config.H)
+        self.enc_self_attn = MH(A=config.A, D=config.D, H=config.H, causal=False)
         self.enc_norm1 = LN(H=config.H, eps=config.eps)
         self.enc_ff = FF_ReLU(F=config.F, H=config.H)
         self.enc_norm2 = LN(H=config.H, eps=config.eps)
 
-    def forward(self, X_prev, tmask1):
+    def forward(self, X_prev):
         # (B, T_n, H)  transformer.fgpt:116
-        Xa_l = self.enc_norm1(self.enc_self_attn(X_prev, tmask1) + X_prev)
+        Xa_l = self.enc_norm1(self.enc_self_attn(X_prev) + X_prev)
         X_l = self.enc_norm2(self.enc_ff(Xa_l) + Xa_l)  # (B, T_n, H)  transformer.fgpt:117
         return X_l
 
@@ -359,18 +355,18 @@ class TransformerLayer2(nn.Module):
     def __init__(self, config, l):
         super().__init__()
         self.l = l
-        self.dec_self_attn = MH(A=config.A, D=config.D, H=config.H)
+        self.dec_self_attn = MH(A=config.A, D=config.D, H=config.H, causal=True)
         self.dec_norm1 = LN(H=config.H, eps=config.eps)
         self.dec_cross_attn = MHA(A=config.A, D=config.D, H=config.H)
         self.dec_norm2 = LN(H=config.H, eps=config.eps)
         self.dec_ff = FF_ReLU(F=config.F, H=config.H)
         self.dec_norm3 = LN(H=config.H, eps=config.eps)
 
-    def forward(self, Y_prev, tmask2, Z, mask_x):
+    def forward(self, Y_prev, Z):
         # (B, T_m, H)  transformer.fgpt:123
-        Ya_l = self.dec_norm1(self.dec_self_attn(Y_prev, tmask2) + Y_prev)
+        Ya_l = self.dec_norm1(self.dec_self_attn(Y_prev) + Y_prev)
         # (B, T_m, H)  transformer.fgpt:124
-        Yb_l = self.dec_norm2(self.dec_cross_attn(Ya_l, Z, Z, mask_x) + Ya_l)
+        Yb_l = self.dec_norm2(self.dec_cross_attn(Ya_l, Z, Z) + Ya_l)
         Y_l = self.dec_norm3(self.dec_ff(Yb_l) + Yb_l)  # (B, T_m, H)  transformer.fgpt:125
         return Y_l
 
@@ -515,7 +511,6 @@ class Transformer(nn.Module):
         self.Sinusoid_1 = Sinusoid()
         self.encoder_norm = LN(H=config.H, eps=config.eps)
         self.Sinusoid_2 = Sinusoid()
-        self.Mask_X = Mask_X()
         self.decoder_norm = LN(H=config.H, eps=config.eps)
         self.reset_parameters()
 
@@ -539,10 +534,9 @@ class Transformer(nn.Module):
             embedding(x, self.W_e) * math.sqrt(self.config.H)
             + self.Sinusoid_1(K=T_n, H=self.config.H, device=device, dtype=self.W_e.dtype)
         )
-        tmask1 = torch.zeros(T_n, T_n, device=device)  # (T_n, T_n)  transformer.fgpt:116
         X_L = X_0
         for layer in self.layers:  # L layers
-            X_L = layer(X_L, tmask1)
+            X_L = layer(X_L)
         Z = self.encoder_norm(X_L)  # (B, T_n, H)  transformer.fgpt:119
         # (B, T_m, H)  transformer.fgpt:121
         Y_0 = (
@@ -554,12 +548,9 @@ class Transformer(nn.Module):
                 dtype=self.W_e.dtype,
             )[start:]
         )
-        tmask2 = causal_mask(T_m, start + T_m, device)  # (T_m, T_m)  transformer.fgpt:123
-        # (T_m, T_n)  transformer.fgpt:124
-        mask_x = self.Mask_X(m=start + T_m, n=T_n, device=device, dtype=self.W_e.dtype)[start:]
         Y_L = Y_0
         for layer in self.layers2:  # L layers
-            Y_L = layer(Y_L, tmask2, Z, mask_x)
+            Y_L = layer(Y_L, Z)
         Yf = self.decoder_norm(Y_L)  # (B, T_m, H)  transformer.fgpt:127
         return project(Yf, self.W_e.mT)
 
