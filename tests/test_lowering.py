@@ -333,3 +333,27 @@ def test_integers_are_held_where_the_lowering_says_in_both_backends(tmp_path):
     assert str(held["add"]) == "1"  # x (held 1) - 1 + 1: held 1 again, no Add in the graph
     from test_backend_constructs import both_backends
     assert max(both_backends(tmp_path, SHIFTS, lengths=(5, 3))) <= 1e-5
+
+
+JOINED = """\
+model Joined {
+  hyper V = 9, n = 5, H = 4
+  input x: {1..V}^n
+  output y = concat(x, x - 1) * 1.0
+}
+"""
+
+
+def test_ids_held_differently_are_joined_as_the_spec_values(tmp_path):
+    """concat of ids held 0-based (x) and of ids held as they are (x - 1): the join holds
+    the spec's values, so each side is moved to them first, in both backends."""
+    from test_backend_constructs import both_backends
+
+    from compiler.lowering import prepare
+    path = tmp_path / "joined.fgpt"
+    path.write_text(JOINED)
+    cfg = load(str(path)).configure(None, {})
+    model, functions = prepare(cfg.model, cfg.functions)
+    (join,) = [v for e, v in _layouts(model, functions) if e.op == "concat"]
+    assert join.layout.held is None
+    assert max(both_backends(tmp_path, JOINED, lengths=(5, 3))) <= 1e-5

@@ -23,7 +23,7 @@ from ..passes.families import eqn_has_axis
 # results held as their first operand is held: they only move or pick entries
 MOVES = {"transpose", "broadcast_to", "index", "members"}
 # results held as all their (integer) operands are, where those agree
-JOINS = {"concat", "vconcat"}
+JOINS = ("concat", "vconcat")
 # results held 0-based: positions
 POSITIONS = {"argmax", "argsort", "invperm", "iota"}
 # operations whose integer operands (beyond MOVES' first) may be held: they read ids

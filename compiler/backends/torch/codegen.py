@@ -230,8 +230,8 @@ class Layout:
 def _reads_held(e: Eqn) -> bool:
     """Whether `e` takes integers as they are held (lowering/layout.py): it reads ids
     0-based, only moves entries, or adds held integers (their offsets add too)."""
-    return e.op in READS_HELD or e.op in MOVES or e.op in JOINS or \
-        e.op in ("select", "cond") and e.outs[0].layout.held is not None or \
+    return e.op in READS_HELD or e.op in MOVES or \
+        e.op in JOINS + ("select", "cond") and e.outs[0].layout.held is not None or \
         e.op in ("add", "sub") and e.outs[0].type.dtype == "int"
 
 
