@@ -37,11 +37,14 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--batches", type=int, nargs="+", default=BATCHES)
     ap.add_argument("--write-readme", action="store_true")
+    ap.add_argument("--kernel-cache", action="store_true",
+                    help="take model.py's kernel choices from fgc's per-machine cache, as "
+                    "`fgc generate` does, and keep this run's there (default: measure afresh)")
     args = ap.parse_args()
 
     import onnxruntime
     import torch
-    from readme import cpu_name, kernels, publish
+    from readme import cpu_name, kernel_cache, kernels, publish
     from safetensors.torch import load_file, save_file
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -62,6 +65,8 @@ def main() -> None:
     mspec = importlib.util.spec_from_file_location("fgc_gpt2", f"{tmp.name}/torch/model.py")
     module = importlib.util.module_from_spec(mspec)
     mspec.loader.exec_module(module)
+    if args.kernel_cache:
+        kernel_cache(module)
     ours = module.build().eval()
     ours.load_state_dict(load_file(f"{tmp.name}/torch/weights.safetensors"))
     onnx_model = load(f"{tmp.name}/onnx", threads=args.threads)

@@ -45,6 +45,17 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def kernel_cache(module) -> None:
+    """With --kernel-cache: `project`'s choices from runtime.kernels' per-machine cache, as
+    `fgc generate` takes them, and this run's kept there at exit."""
+    import atexit
+    import sys
+
+    from runtime.kernels import prefill, remember
+    print(f"kernel cache: {prefill(module)} choices prefilled", file=sys.stderr)
+    atexit.register(remember, module)
+
+
 def kernels(module, rows: int) -> str:
     """Which kernel a compiled model.py's `project` kept for each weight shape at this many
     rows (its KERNELS, filled by the first products), e.g. "oneDNN: 768 × 768; GEMM: ..."."""

@@ -55,10 +55,13 @@ def main() -> None:
     ap.add_argument("--compile", action="store_true",
                     help="also time both models under torch.compile")
     ap.add_argument("--write-readme", action="store_true")
+    ap.add_argument("--kernel-cache", action="store_true",
+                    help="take model.py's kernel choices from fgc's per-machine cache, as "
+                    "`fgc generate` does, and keep this run's there (default: measure afresh)")
     args = ap.parse_args()
 
     import torch
-    from readme import cpu_name, kernels, publish
+    from readme import cpu_name, kernel_cache, kernels, publish
     from safetensors.torch import load_file, save_file
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -81,6 +84,8 @@ def main() -> None:
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
+    if args.kernel_cache:
+        kernel_cache(module)
     ours = module.build().eval()
     ours.load_state_dict(load_file(folder / "weights.safetensors"))
     hf.to(device, dtype)

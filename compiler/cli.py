@@ -142,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="recompute the whole prefix at every step")
 
     h = sub.add_parser("cache", help="show or clear fgc's caches (parsed specs, parse tables, "
-                       "onnxruntime's optimised graphs)")
+                       "onnxruntime's optimised graphs, CPU kernel choices)")
     h.add_argument("action", choices=["info", "clear"])
 
     r = sub.add_parser("ir", help="print the elaborated IR")
@@ -282,14 +282,17 @@ def cmd_cache(args) -> int:
     import shutil
 
     from runtime.files import cache_home
+    from runtime.kernels import FILE as KERNEL_FILE
     from runtime.progress import human_size
     root = cache_home()
     sizes: dict[str, list[int]] = {}
     if root.is_dir() and not root.is_symlink():
         for path in root.rglob("*"):
             if path.is_file() and not path.is_symlink():
-                kind = ("onnxruntime's optimised graphs" if path.relative_to(root).parts[0]
-                        == "onnxruntime" else "parse tables" if path.name.startswith("grammar-")
+                where = path.relative_to(root).parts
+                kind = ("onnxruntime's optimised graphs" if where[0] == "onnxruntime"
+                        else "CPU kernel choices" if where == (KERNEL_FILE,)
+                        else "parse tables" if path.name.startswith("grammar-")
                         else "parsed specs")
                 entry = sizes.setdefault(kind, [0, 0])
                 entry[0] += 1
@@ -1121,13 +1124,14 @@ def _generate_dir(folder, args, prompt, stop, inputs) -> int:
     import time
 
     from runtime import RuntimeError_, generate, load
+    module = None  # a compiled model.py, whose CPU kernel choices are kept afterwards
     try:
         if (folder / "model.onnx").is_file():
             model = load(folder, provider=args.provider)
             print(f"provider: {model.provider} ({model.reason})")
             cached, state = bool(model.incremental), bool(model.state)
         elif (folder / "model.py").is_file():
-            model = _torch_model(folder)
+            model, module = _torch_model(folder)
             cached = callable(getattr(model, "step", None))
             state = bool(model.signature().get("state")) if hasattr(model, "signature") \
                 else False
@@ -1150,6 +1154,10 @@ def _generate_dir(folder, args, prompt, stop, inputs) -> int:
     except RuntimeError_ as e:
         print(f"fgc: {e}", file=sys.stderr)
         return EXIT_SPEC
+    finally:
+        if module is not None:
+            from runtime.kernels import remember
+            remember(module)
     count = sum(len(r) for r in rows)
     print(f"generated {count} ids in {took:.2f} s ({count / max(took, 1e-9):.1f} ids/s)")
     for row in rows:
@@ -1158,10 +1166,12 @@ def _generate_dir(folder, args, prompt, stop, inputs) -> int:
 
 
 def _torch_model(folder):
-    """build() from a compiled model.py, with weights.safetensors when it is there."""
+    """(build() from a compiled model.py, with weights.safetensors when it is there, and
+    the imported model.py), its CPU kernel choices prefilled from this machine's cache."""
     import importlib.util
 
     from runtime import RuntimeError_
+    from runtime.kernels import prefill
     spec = importlib.util.spec_from_file_location("fgc_generated_model", folder / "model.py")
     module = importlib.util.module_from_spec(spec)
     try:
@@ -1179,7 +1189,8 @@ def _torch_model(folder):
                                 f"{str(e)[:300]}") from None
     else:
         print("note: no weights.safetensors: random weights")
-    return model
+    prefill(module)
+    return model, module
 
 
 # ---------------------------------------------------------------- fgc ir

@@ -42,7 +42,7 @@ NAME = r"(?<![\w'^.])[A-Za-z][A-Za-z0-9_]*'*(?:\^[A-Za-z][A-Za-z0-9_]*)?"
 
 # torch.nn.functional's functions that model.py imports, by the name it calls them
 FUNCTIONAL = {"embedding": "embedding", "gelu": "gelu", "layer_norm": "layer_norm",
-              "sdpa": "scaled_dot_product_attention"}
+              "rms_norm": "rms_norm", "silu": "silu", "sdpa": "scaled_dot_product_attention"}
 
 # nn.Module's public attributes (torch 2.13: dir(nn.Module), and `training`, which each
 # instance sets): a parameter or submodule of that name would shadow them

@@ -27,6 +27,7 @@ from .elaborate.elaborator import (
 )
 from .elaborate.symbolic import Poly, format_int, format_poly, human
 from .errors import Diagnostic, FgcError, Sources, Span
+from .lowering.families import index_maps
 from .passes.params import Count, as_int, count, formula
 from .passes.sharing import common_configs, compare, other_path
 from .syntax import nodes as S
@@ -375,6 +376,9 @@ class Spec:
         """Elaborate and count one configuration; raises FgcError on any problem."""
         hypers, warnings = self._checked_values(preset, sets)
         model, functions, c = self._elaborate_numeric(hypers)
+        errors = index_maps(model, functions, {}, _label(preset, sets))
+        if errors:
+            raise FgcError.many(errors)
         cfg = Config(preset or "defaults", hypers.values, model, c, warnings)
         cfg.functions = functions  # type: ignore[attr-defined]
         return cfg
@@ -387,9 +391,7 @@ class Spec:
             p = self._presets_by_name().get(preset)
             if p is None:
                 raise LookupError(preset)
-        label = f"preset `{preset}`" if preset else "the defaults"
-        if sets:
-            label += " with " + ", ".join(f"{k}={_show_value(v)}" for k, v in sets.items())
+        label = _label(preset, sets)
         hypers, warnings = self.numeric_hypers(self.model, p, sets or {}, label)
         self._check_sizes(hypers, p, label)
         return hypers, warnings
@@ -528,6 +530,7 @@ class Spec:
             label = f"preset `{name}`" if name else "the defaults"
             try:
                 numeric, found = self._checked_values(name, None)
+                errors.extend(index_maps(sym.model, sym.functions, numeric.values, label))
                 total = self._total_by_substitution(numeric)
                 if total is None:
                     counted = self._elaborate_numeric(numeric)[2]
@@ -547,6 +550,14 @@ class Spec:
         if sym.model.shared_with:
             errors.extend(_check_shared(self, sym))
         return _dedupe(errors), warnings
+
+
+def _label(preset: str | None, sets: dict | None) -> str:
+    """How a message names a configuration."""
+    label = f"preset `{preset}`" if preset else "the defaults"
+    if sets:
+        label += " with " + ", ".join(f"{k}={_show_value(v)}" for k, v in sets.items())
+    return label
 
 
 def _values_key(values: dict[str, Poly | float]) -> tuple | None:

@@ -42,6 +42,32 @@ def all_specs() -> list[Path]:
     return sorted(SPECS.rglob("*.fgpt"))
 
 
+# the size every shipped spec is tried at, and what each needs besides (its hyperparameters
+# without defaults, or defaults too large for a quick run)
+TINY = {"L": 2, "H": 16, "A": 2, "V": 50, "n": 8}
+_LLAMA = {"G": 1, "F": 24, "theta": 10000.0}
+TINY_EXTRA = {
+    "specs/formal/gpt3.fgpt": {"D": 5, "w": 3},
+    # LSH: chunks of 2 (local: 4), two hash rounds, buckets [2, 2]; runs of 5 are padded
+    "specs/reformer.fgpt": {"D": 8, "F": 24, "n1": 2, "n2": 4, "d1": 4, "c": 2,
+                            "c^loc": 4, "N": 2, "k1": 1, "k2": 1},
+    "specs/llama.fgpt": _LLAMA,
+    "specs/mistral.fgpt": {**_LLAMA, "w": 3},
+    "specs/qwen2.fgpt": _LLAMA,
+    "specs/qwen3.fgpt": {**_LLAMA, "D": 6},
+    "specs/gemma.fgpt": {**_LLAMA, "D": 6},
+    # Phi-3: multi-head (--weights reads G = A only), a window shorter than the run
+    "specs/phi3.fgpt": {**_LLAMA, "G": 2, "w": 3},
+    # GPT-NeoX: half of each head of 8 turns (r = D/4 would be 2)
+    "specs/gpt_neox.fgpt": {"F": 24, "r": 4},
+}
+
+
+def tiny_sets(spec: str) -> dict:
+    """The tiny configuration of a shipped spec (`specs/...`)."""
+    return {**TINY, **TINY_EXTRA.get(spec, {})}
+
+
 # ---------------------------------------------------------------- golden files
 
 GOLDEN = ROOT / "tests" / "golden"

@@ -206,6 +206,7 @@ class GrammarSpecs:
         "EQEQ": lambda rng, names: "==",
         "TILDE": lambda rng, names: "~",
         "ELLIPSIS": lambda rng, names: "...",
+        "MEMBER_AT": lambda rng, names: rng.choice(["k_{", "head_{", "W_{", "x_{"]),
     }
 
     def __init__(self, max_depth: int = 14, max_tokens: int = 300):

@@ -19,6 +19,7 @@ import pytest
 from conftest import ROOT, fgc, peaked_weights
 
 from compiler.backends.onnx.lower import Lowerer
+from compiler.elaborate.symbolic import Poly
 from compiler.emit import compile_spec, prepare_output, write_onnx
 from compiler.errors import FgcError
 from compiler.passes.incremental import NotIncremental, derive
@@ -130,7 +131,11 @@ def test_which_specs_have_an_incremental_form():
             pass
     assert set(found) == {"specs/gpt1.fgpt", "specs/gpt2.fgpt", "specs/formal/gpt.fgpt",
                           "specs/formal/gpt2.fgpt", "specs/formal/gpt3.fgpt", "specs/t_d.fgpt",
-                          "specs/transformer.fgpt"}
+                          "specs/transformer.fgpt", "specs/llama.fgpt", "specs/mistral.fgpt",
+                          "specs/qwen2.fgpt", "specs/qwen3.fgpt", "specs/gemma.fgpt",
+                          "specs/phi3.fgpt", "specs/gpt_neox.fgpt"}
+    # grouped-query attention keeps its G key/value heads
+    assert [s.heads for s in found["specs/llama.fgpt"].sites] == [Poly.sym("G")]
     # the Transformer generates its target; its encoder's self-attention and the decoder's
     # cross-attention keep nothing
     tr = found["specs/transformer.fgpt"]

@@ -43,11 +43,12 @@ def test_the_masks_passed_by_meaning_are_the_ones_the_lowering_reads():
     for name, i in INTRINSICS.items():
         if i.kind != "mask":
             continue
-        call = ir.Eqn(outs=[], op="call", ins=[], attrs={"module": name})
+        call = ir.Eqn(outs=[], op="call", ins=[], attrs={"module": name, "bindings": {}})
         kind = mask_of_call(call, functions)
         if kind is not None:
             read.add(i.mask)
-            assert kind == MaskKind(i.mask == "causal", False)
+            assert kind == MaskKind(i.mask in ("causal", "window"), False, i.mask == "window")
+            assert (i.width is not None) == kind.window  # a window says which size is its width
     assert read == BY_MEANING
     assert BY_MEANING <= MASKS
 

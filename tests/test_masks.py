@@ -177,3 +177,59 @@ def test_a_modules_own_zeros_are_no_mask(tmp_path):
     model, funcs = prepare(cfg.model, cfg.functions)
     assert funcs["MHA"].mask_inputs == {"Mask": "none"}
     assert max(both_backends(tmp_path, TWO_OWN, lengths=(6, 3))) <= 1e-5
+
+
+# a sliding window (Mistral's): Mask^ST straight into every layer's attention
+WINDOW = """\
+module Band[n, w] -> R[n, n] {
+  Band[i, j] = 0 if j <= i and j > i - w else -inf
+}
+model Sliding {
+  hyper L = 2, V = 11, n = 8, H = 8, A = 2, D = H / A, w = 3
+  input x: {1..V}^n
+  param W_e: R[V, H]
+  H^(0) = OneHot(x) @ W_e
+  layers l in 1..L {
+    H^(l) = MH(LN(H^(l-1)), Mask^ST) + H^(l-1)
+  }
+  output y = Softmax(H^(L) @ W_e^T)
+}
+"""
+WINDOW_OWN = WINDOW.replace("Mask^ST)", "Band)")
+
+
+def test_a_window_is_a_mask_by_meaning_with_its_width_as_value(tmp_path):
+    """Mask^ST is passed by meaning: its value is the window's width, attention builds the
+    band from the queries' and keys' positions (aligned to cached keys), and no n x n
+    table is made or passed; the numbers equal the spec's own banded module's, in both
+    backends, the incremental form and the --kv-cache graph."""
+    from test_differential import differential
+    eqns, functions = _lowered(tmp_path, WINDOW)
+    (mask,) = [e for e in eqns if e.op == "mask"]
+    assert mask.attrs["causal"] is True and str(mask.attrs["window"]) == "3"
+    assert not [e for e in eqns if e.op == "mask_tensor"]
+    assert functions["MH"].mask_inputs == {"Mask": "window"}
+    assert functions["Attention"].mask_inputs == {"Mask": "window"}
+    got, state, code = _torch_output(tmp_path, "window", WINDOW)
+    assert "window_mask(Q.shape[-2], K.shape[-2], Mask" in code and "class Mask_ST" not in code
+    want, _, _ = _torch_output(tmp_path, "own", WINDOW_OWN, state)
+    assert torch.allclose(got, want, atol=1e-6)
+    path = tmp_path / "sliding.fgpt"
+    path.write_text(WINDOW)
+    assert differential(tmp_path / "diff", path)  # both backends, pieces, --kv-cache
+    for optimize in ("none", "ort"):
+        out = tmp_path / f"onnx-{optimize}"
+        compile_spec(str(path), str(out), "onnx", optimize=optimize)
+        ops = {n.op_type for n in onnx.load(str(out / "model.onnx")).graph.node}
+        assert "GreaterOrEqual" in ops  # the band, made from positions
+
+
+def test_a_window_in_arithmetic_becomes_its_band_there(tmp_path):
+    text = WINDOW.replace("MH(LN(H^(l-1)), Mask^ST)", "MH(LN(H^(l-1)), Mask^ST + 0)")
+    eqns, _ = _lowered(tmp_path, text)
+    (made,) = [e for e in eqns if e.op == "mask_tensor"]
+    assert made.attrs == {"causal": True, "bias": False, "banded": True}
+    got, state, _ = _torch_output(tmp_path, "arith", text)
+    want, _, _ = _torch_output(tmp_path, "own", WINDOW_OWN, state)
+    assert torch.allclose(got, want, atol=1e-6)
+    assert max(both_backends(tmp_path, text, lengths=(8, 3))) <= 1e-5

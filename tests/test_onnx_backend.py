@@ -18,14 +18,13 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from conftest import ROOT, all_specs, fgc
+from conftest import ROOT, TINY, TINY_EXTRA, all_specs, fgc
 
 from compiler.emit import compile_spec
 from runtime import RuntimeError_, choose_providers, load
 
 SPECS = [p.relative_to(ROOT).as_posix() for p in all_specs()]
-TINY = {"L": 2, "H": 16, "A": 2, "V": 50, "n": 8}
-EXTRA = {"specs/formal/gpt3.fgpt": {"D": 5, "w": 3}}
+EXTRA = TINY_EXTRA
 TINY_ARGS = [a for k, v in TINY.items() for a in ("--set", f"{k}={v}")]
 
 

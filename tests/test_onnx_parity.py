@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 import pytest
-from conftest import ROOT, all_specs
+from conftest import ROOT, TINY, TINY_EXTRA, all_specs
 from test_torch_backend import import_model
 
 from compiler.backends.onnx.lower import Lowerer
@@ -27,11 +27,7 @@ ort = pytest.importorskip("onnxruntime")
 
 TOL = 1e-4
 SPECS = [p.relative_to(ROOT).as_posix() for p in all_specs()]
-TINY = {"L": 2, "H": 16, "A": 2, "V": 50, "n": 8}
-EXTRA = {"specs/formal/gpt3.fgpt": {"D": 5, "w": 3},
-         # LSH: chunks of 2 (local: 4), two hash rounds, buckets [2, 2]; runs of 5 are padded
-         "specs/reformer.fgpt": {"D": 8, "F": 24, "n1": 2, "n2": 4, "d1": 4, "c": 2,
-                                 "c^loc": 4, "N": 2, "k1": 1, "k2": 1}}
+EXTRA = TINY_EXTRA
 VARIANTS = [("opset23", 23, None), ("opset18", 18, None), ("ort", 23, "ort")]
 LEVELS = {"all": "ORT_ENABLE_ALL", "off": "ORT_DISABLE_ALL"}
 

@@ -34,7 +34,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import GOLDEN, ROOT, all_specs, fgc
+from conftest import GOLDEN, ROOT, TINY, TINY_EXTRA, all_specs, fgc
 
 from compiler.cli import main as fgc_main
 from compiler.emit import compile_spec
@@ -46,8 +46,6 @@ torch = pytest.importorskip("torch")
 SPECS = [p.relative_to(ROOT).as_posix() for p in all_specs()]
 # a small configuration every shipped spec accepts (GPT-3 leaves D and w free); the golden
 # file is the formal GPT-2 at this size
-TINY = {"L": 2, "H": 16, "A": 2, "V": 50, "n": 8}
-TINY_EXTRA = {"specs/formal/gpt3.fgpt": {"D": 5, "w": 3}}
 GOLDEN_SETS = TINY
 GOLDEN_ARGS = [a for k, v in GOLDEN_SETS.items() for a in ("--set", f"{k}={v}")]
 GOLDEN_FILE = GOLDEN / "torch" / "gpt2_formal_tiny.py"

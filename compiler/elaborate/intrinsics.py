@@ -25,19 +25,21 @@ STRICT_CAUSAL = "strict_causal"  # position i sees j < i
 WINDOW = "window"  # position i sees the w positions i-w+1 .. i
 CAUSAL_KINDS = frozenset({CAUSAL, STRICT_CAUSAL, WINDOW})  # no position sees a later one
 # masks the lowering passes by what they mean, not as a tensor (lowering/masks.py):
-# attention runs them as `is_causal` or without a mask, and the incremental form aligns
-# them to the cached keys
-BY_MEANING = frozenset({NO_MASK, CAUSAL})
+# attention runs them as `is_causal`, without a mask, or as a band of the keys' positions,
+# and the incremental form aligns them to the cached keys
+BY_MEANING = frozenset({NO_MASK, CAUSAL, WINDOW})
 
 
 @dataclass(frozen=True)
 class Intrinsic:
     name: str  # the standard-library module
-    kind: str  # attention | mask | layer_norm | softmax | gelu | onehot | concat
+    kind: str  # attention | mask | layer_norm | rms_norm | softmax | gelu | silu | onehot | concat
     mask: str | None = None  # masks: one of NO_MASK, CAUSAL, STRICT_CAUSAL, WINDOW
     approximate: str | None = None  # gelu: tanh | none (erf)
+    offset: float = 0.0  # rms_norm: the scale is offset + gamma (Gemma stores it from 1)
     params: tuple[str, ...] = ()  # the parameters the fused form reads, by name
     mask_input: str | None = None  # the input that takes a mask (attention)
+    width: str | None = None  # window masks: the hyperparameter that is the window's width
     positionwise: bool = False  # acts on each position alone (the incremental analysis)
 
 
@@ -47,11 +49,14 @@ INTRINSICS: dict[str, Intrinsic] = {i.name: i for i in (
     Intrinsic("Mask^AR", "mask", mask=CAUSAL),
     Intrinsic("Mask^AR_next", "mask", mask=CAUSAL),
     Intrinsic("Mask^AR_curr", "mask", mask=STRICT_CAUSAL),
-    Intrinsic("Mask^ST", "mask", mask=WINDOW),
+    Intrinsic("Mask^ST", "mask", mask=WINDOW, width="w"),
     Intrinsic("LN", "layer_norm", params=("gamma", "beta")),
+    Intrinsic("RMSNorm", "rms_norm", params=("gamma",)),
+    Intrinsic("RMSNorm^gemma", "rms_norm", params=("gamma",), offset=1.0),
     Intrinsic("Softmax", "softmax"),
     Intrinsic("GELU^tanh", "gelu", approximate="tanh"),
     Intrinsic("GELU^erf", "gelu", approximate="none"),
+    Intrinsic("SiLU", "silu"),
     Intrinsic("OneHot", "onehot", positionwise=True),
     Intrinsic("Concat", "concat"),
 )}

@@ -290,9 +290,15 @@ class Attrs(TypedDict, total=False):
     guard: str  # cond: the condition on the layer index, as written
     causal: bool  # mask, mask_tensor (lowering/masks.py): keys after the query are -inf
     bias: bool  # mask_tensor: the mask it makes a tensor of has an additive part
+    window: Size  # mask: a causal window's width (Mask^ST: i sees i-w+1 .. i)
+    banded: bool  # mask_tensor: the mask is a window, its operand the width
+    groups: Size  # call of attention (lowering/families.py): the key/value member each
+    # member reads, its keys and values given as whole families (grouped-query attention)
     masks: dict[str, str]  # call, after the lowering: the mask each input taken by meaning
     # is given ("causal", "none", "causal+bias", or "=X": what this use's own input X is)
     lo: Size  # lookup (lowering/lookups.py): the id of the table's first row
+    index: Size  # gather_members (lowering/families.py): the member read, in the family
+    # index (`floor((i - 1) * G / A) + 1` for member i)
 
 
 class Eqn(_Base):

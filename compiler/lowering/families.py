@@ -11,25 +11,37 @@ parameters called once per member) has no batched form and is refused here, loca
 from __future__ import annotations
 
 from ..elaborate import ir
+from ..elaborate.intrinsics import is_kind
 from ..elaborate.ir import Eqn, Loop
 from ..elaborate.symbolic import Poly
 from ..errors import Diagnostic
+from ..passes.families import grouped
 
 # operations the lowering introduces; each backend's op table has an entry for each
 LOWERED_OPS = {
     "members": "member i of the result is slice i of the operand along `axis` (0-based "
                "among its own axes): the axis becomes the family axis",
+    "gather_members": "member i of the result (i in the equation's family) is member "
+                      "`index`(i) of the operand family: a gather along the family axis "
+                      "(a member picked by an expression, `k_{(i - 1) / 2 + 1}`)",
 }
+# and on a call of attention inside a family, `groups` (lowering/families._grouped): its
+# keys and values are whole families of G, member i reading member groups(i)
 
 
 def prepare(model: ir.Model, functions: dict[str, ir.Function]
             ) -> tuple[ir.Model, dict[str, ir.Function]]:
     """The IR with lowered operations in place of the constructs they stand for; the
     arguments are not changed."""
-    funcs = {name: fn.model_copy(update={"eqns": _rewrite(fn.eqns)})
-             for name, fn in functions.items()}
-    body = [item.model_copy(update={"body": _rewrite(item.body)}) if isinstance(item, Loop)
-            else _members(item) or item for item in model.body]
+    funcs = {}
+    for name, fn in functions.items():
+        types = {v.name: v.type for v in fn.inputs}
+        funcs[name] = fn.model_copy(update={"eqns": _rewrite(fn.eqns, types, functions)})
+    types = {v.name: v.type for v in model.inputs}
+    body = [item.model_copy(update={"body": _rewrite(item.body, types, functions)})
+            if isinstance(item, Loop) else _rewrite([item], types, functions)
+            for item in model.body]
+    body = [x for item in body for x in (item if isinstance(item, list) else [item])]
     return model.model_copy(update={"body": body}), funcs
 
 
@@ -49,8 +61,65 @@ def check(model: ir.Model, functions: dict[str, ir.Function]) -> list[Diagnostic
 # ---------------------------------------------------------------- members
 
 
-def _rewrite(eqns: list[Eqn]) -> list[Eqn]:
-    return [_members(e) or e for e in eqns]
+def _rewrite(eqns: list[Eqn], types: dict[str, ir.TensorType],
+             functions: dict[str, ir.Function]) -> list[Eqn]:
+    out: list[Eqn] = []
+    for e in eqns:
+        e = _members(e) or e
+        e = _grouped(e, types, functions) or e
+        out.extend(_gathered(e, types))
+        types.update((v.name, v.type) for v in e.outs)
+    return out
+
+
+def _gathered(e: Eqn, types: dict[str, ir.TensorType]) -> list[Eqn]:
+    """Inside `for i in 1..A`, an operand `k_{f(i)}` (a member of another family chosen
+    by an expression in i) becomes member i of `gather_members(k)`, a family of A members
+    made before `e`; then `e` reads its own member like any family operand."""
+    if e.family is None:
+        return [e]
+    var, size = e.family
+    made: list[Eqn] = []
+    ins = []
+    for o in e.ins:
+        t = types.get(o.name) if _maps(o, var) else None
+        if t is None:
+            ins.append(o)
+            continue
+        name = f"%{o.name}@{len(made) + 1}{e.outs[0].name}"
+        out = ir.Value(name=name, type=t.model_copy(update={"family": size}))
+        made.append(Eqn(outs=[out], op="gather_members",
+                        ins=[ir.Operand(name=o.name, whole_family=True)],
+                        attrs={"index": o.member}, family=e.family, guards=e.guards,
+                        span=e.span))
+        ins.append(o.model_copy(update={"name": name, "member": var}))
+    if not made:
+        return [e]
+    return made + [e.model_copy(update={"ins": ins})]
+
+
+def _grouped(e: Eqn, types: dict[str, ir.TensorType], functions: dict[str, ir.Function]
+             ) -> Eqn | None:
+    """Attention whose keys and values are members of two families of G picked by one
+    index map (`passes.families.grouped`, grouped-query attention) takes the G keys and
+    values whole and the map as `groups`: the incremental form caches G heads, and
+    attention reads member groups(i) after the cache."""
+    if e.op != "call" or not is_kind(functions.get(e.attrs["module"]), "attention"):
+        return None
+    index = grouped(e, lambda name: types[name].family if name in types else None)
+    if index is None:
+        return None
+    ins = list(e.ins)
+    ins[1] = ir.Operand(name=e.ins[1].name, whole_family=True)
+    ins[2] = ir.Operand(name=e.ins[2].name, whole_family=True)
+    return e.model_copy(update={"ins": ins, "attrs": {**e.attrs, "groups": index}})
+
+
+def _maps(o: ir.Operand, var: str) -> bool:
+    """A member of a family chosen by an expression in the member index `var` (not `var`
+    itself)."""
+    return o.name is not None and isinstance(o.member, Poly) and \
+        var in o.member.symbols() and o.member != Poly.sym(var)
 
 
 def _members(e: Eqn) -> Eqn | None:
@@ -79,6 +148,83 @@ def _is_index(o: ir.Operand, var: str) -> bool:
 def mentions(o: ir.Operand, var: str) -> bool:
     """Whether a constant operand is an expression in `var` (`i - 1`, `l`)."""
     return o.name is None and isinstance(o.const, Poly) and var in o.const.symbols()
+
+
+def index_maps(model: ir.Model, functions: dict[str, ir.Function], values: dict,
+               label: str) -> list[Diagnostic]:
+    """At one configuration (`values`: the model's sizes as numbers), through each module
+    use's bindings: every member an index map reads exists (1 <= index(i) <= the family's
+    size for every i of the family), grouped-query attention's A query heads split evenly
+    into its G groups, and every size a module's equations compute is a whole number (RoPE's
+    d / 2 of an odd head). A module's body is checked once over its own symbols, so this is
+    where `k_{(i - 1) / 2 + 1}` and `d / 2` meet the sizes."""
+    errors: list[Diagnostic] = []
+    seen: set = set()
+
+    def whole(e: Eqn, env: dict, use) -> bool:
+        for v in e.outs:
+            for d in (*v.type.shape, v.type.family):
+                n = d.subs(env) if isinstance(d, Poly) else None
+                if n is not None and n.is_const() and n.const_value().denominator != 1:
+                    sizes = ", ".join(f"{k} = {x}" for k, x in sorted(env.items())
+                                      if isinstance(x, Poly) and k in d.symbols())
+                    errors.append(Diagnostic(
+                        "error", f"{label}: the size {d} is {n.const_value()} here, not a "
+                        "whole number", e.span, f"{sizes}, from the use at {_at(use)}"))
+                    return True
+        return False
+
+    def visit(eqns: list[Eqn], types: dict, env: dict, use) -> None:
+        broken = False
+        for e in eqns:
+            types.update((v.name, v.type) for v in e.outs)
+            if use is not None and not broken:
+                broken = whole(e, env, use)
+            if e.op == "call" and e.attrs["module"] in functions:
+                fn = functions[e.attrs["module"]]
+                inner = {k: v.subs(env) if isinstance(v, Poly) else v
+                         for k, v in e.attrs.get("bindings", {}).items()}
+                key = (fn.name, tuple(sorted((k, str(v)) for k, v in inner.items())))
+                if key not in seen:
+                    seen.add(key)
+                    visit(fn.eqns, {v.name: v.type for v in fn.inputs}, inner,
+                          use if use is not None else e.span)
+            if e.family is None:
+                continue
+            var, count = e.family
+            count = count.subs(env)
+            group = grouped(e, lambda name: types[name].family if name in types else None)
+            size = types[e.ins[1].name].family.subs(env) if group is not None else None
+            if size is not None and size.is_const() and count.is_const() and \
+                    count.const_value() % size.const_value():
+                errors.append(Diagnostic(
+                    "error", f"{label}: {count} query heads do not split evenly into "
+                    f"{size} key/value groups", e.span,
+                    "the number of key/value heads must divide the number of query heads"))
+            for o in e.ins:
+                t = types.get(o.name) if _maps(o, var) else None
+                if t is None or not count.is_const() or not t.family.subs(env).is_const():
+                    continue
+                size = t.family.subs(env).const_value()
+                for i in range(1, int(count.const_value()) + 1):
+                    k = o.member.subs({**env, var: Poly.const(i)})
+                    if not k.is_const() or not 1 <= k.const_value() <= size:
+                        errors.append(Diagnostic(
+                            "error", f"{label}: `{o.name}_{{...}}`: member {i} reads member "
+                            f"{k} of a family of {size}", e.span,
+                            f"the index must lie in 1..{size} for every {var} in "
+                            f"1..{count}"))
+                        break
+
+    env = {k: v for k, v in values.items() if isinstance(v, Poly)}
+    types = {v.name: v.type for v in model.inputs}
+    for item in model.body:
+        visit(item.body if isinstance(item, Loop) else [item], types, env, None)
+    return errors
+
+
+def _at(span) -> str:
+    return f"{span.file}:{span.line}:{span.column}" if span is not None else "the model"
 
 
 # ---------------------------------------------------------------- what cannot be lowered

@@ -1,33 +1,36 @@
 """Masks as data: what each attention mask means, decided once for both backends.
 
-`Mask^AR` and `Mask^BD` (the masks `intrinsics.BY_MEANING` lists) become `mask` operations
-that say what they mean — causal or not — instead of tables of zeros and -inf, and a bias
-added to one of them (`B_i + Mask^AR`) is one mask: a causal mask plus an additive tensor.
-Such a value has no run-time tensor of its own beyond its bias: attention runs a causal
-mask as `is_causal`, none at all without one, and the incremental form aligns it to the
-cached keys. Wherever a mask value reaches anything else (arithmetic, a module whose calls
-pass different kinds of mask, an output), a `mask_tensor` operation makes the tensor it
-stands for, there and only there.
+`Mask^AR`, `Mask^BD` and `Mask^ST` (the masks `intrinsics.BY_MEANING` lists) become `mask`
+operations that say what they mean — causal or not, a window of w positions — instead of
+tables of zeros and -inf, and a bias added to a causal mask (`B_i + Mask^AR`) is one mask:
+a causal mask plus an additive tensor. Such a value has no run-time tensor of its own: its
+value is its bias (causal plus a bias), its window's width (a window), or nothing at all.
+Attention runs a causal mask as `is_causal`, none at all without one, a window as a band
+of the keys' positions, and the incremental form aligns each to the cached keys. Wherever
+a mask value reaches anything else (arithmetic, a module whose calls pass different kinds
+of mask, an output), a `mask_tensor` operation makes the tensor it stands for, there and
+only there.
 
 A module input takes a mask by meaning when its calls pass masks by meaning: one kind at
 every call, or `Mask^AR` at some and `Mask^BD` at others (PER_USE: each call's `masks`
 attribute says which, and that use is built for it). The decision is recorded in
 `ir.Function.mask_inputs` (input -> kind), which the backends read where they print
 attention. When any call passes a tensor, every call does. Kinds are strings: "none",
-"causal", "causal+bias", "per_use".
+"causal", "causal+bias", "window", "per_use".
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..elaborate import ir
+from ..elaborate import intrinsics, ir
 from ..elaborate.intrinsics import CAUSAL, NO_MASK, intrinsic, mask_kind
 from ..elaborate.ir import Eqn, Loop, Operand, Value
 
 OPS = {
-    "mask": "an attention mask by what it means: causal (attrs.causal) or not, plus the "
-            "additive tensor it is given as operand, if any; attention reads it as it is",
+    "mask": "an attention mask by what it means: causal (attrs.causal) or not, a window of "
+            "attrs.window positions, plus the additive tensor it is given as operand, if "
+            "any; attention reads it as it is",
     "mask_tensor": "the additive tensor a `mask` value stands for (0 where a query sees a "
                    "key, -inf where it does not, plus its bias), for anything but attention",
 }
@@ -37,12 +40,20 @@ OPS = {
 class MaskKind:
     causal: bool | None  # None: causal at some uses, none at others (PER_USE)
     bias: bool  # an additive tensor besides the causal part: the value at run time
+    window: bool = False  # causal within a window: the value at run time is its width
 
     @property
     def text(self) -> str:
         if self.causal is None:
             return "per_use"
+        if self.window:
+            return "window"
         return ("causal" if self.causal else "none") + ("+bias" if self.bias else "")
+
+    @property
+    def valued(self) -> bool:
+        """Whether a value stands for it at run time (its bias, its window's width)."""
+        return self.bias or self.window
 
     @staticmethod
     def of(text: str | None) -> MaskKind | None:
@@ -50,6 +61,8 @@ class MaskKind:
             return None
         if text == "per_use":
             return PER_USE
+        if text == "window":
+            return WINDOW
         head, _, bias = text.partition("+")
         return MaskKind(head == "causal", bias == "bias")
 
@@ -58,6 +71,7 @@ class MaskKind:
 # encoder and a decoder share): each use of the module says which, as data — the call's
 # `masks` attribute, a constructor flag of the torch module, the inlined ONNX call's own
 PER_USE = MaskKind(None, False)
+WINDOW = MaskKind(True, False, True)  # Mask^ST: position i sees i-w+1 .. i
 
 
 def from_caller(given: str) -> str | None:
@@ -113,7 +127,7 @@ def _fold_add(e: Eqn, kinds: dict[str, MaskKind]) -> tuple[MaskKind, Operand] | 
     a, b = e.ins
     for m, other in ((a, b), (b, a)):
         k = kinds.get(m.name) if m.name is not None else None
-        if k is None or k.bias or k.causal is None or other.name is None or \
+        if k is None or k.bias or k.window or k.causal is None or other.name is None or \
                 other.name in kinds:
             continue
         if e.outs[0].type.dtype != "real" or len(e.outs[0].type.shape) < 2:
@@ -131,6 +145,8 @@ def mask_of_call(e: Eqn, functions: dict[str, ir.Function]) -> MaskKind | None:
         return MaskKind(True, False)
     if meaning == NO_MASK:
         return MaskKind(False, False)
+    if meaning == intrinsics.WINDOW and "bindings" in e.attrs:
+        return WINDOW
     return None
 
 
@@ -168,7 +184,7 @@ def _decide(seen: set) -> MaskKind | None:
         return None
     if len(seen) == 1:
         return next(iter(seen))
-    if all(k.bias is False for k in seen):  # causal here, none there
+    if all(not k.valued for k in seen):  # causal here, none there
         return PER_USE
     return None
 
@@ -265,7 +281,9 @@ class _Rewriter:
         # it exists where the mask does (a mask made on some layers only, then chosen by a
         # `cond`, is made into a tensor on those layers)
         out.append(Eqn(outs=[Value(name=name, type=t)], op="mask_tensor",
-                       ins=[o.model_copy()], attrs={"causal": k.causal, "bias": k.bias},
+                       ins=[o.model_copy()],
+                       attrs={"causal": k.causal, "bias": k.bias,
+                              **({"banded": True} if k.window else {})},
                        family=at.family if per_member else None,
                        guards=self.guards.get(o.name, []), span=at.span))
         return o.model_copy(update={"name": name})
@@ -286,7 +304,11 @@ class _Rewriter:
             name = e.outs[0].name if e.outs else None
             k = self.kinds.get(name) if name is not None else None
             if k is not None and e.op == "call":
-                out.append(Eqn(outs=e.outs, op="mask", ins=[], attrs={"causal": k.causal},
+                attrs = {"causal": k.causal}
+                if k.window:  # the width as the call binds it, in this body's sizes
+                    fn = self.functions[e.attrs["module"]]
+                    attrs["window"] = e.attrs["bindings"][intrinsic(fn).width]
+                out.append(Eqn(outs=e.outs, op="mask", ins=[], attrs=attrs,
                                family=e.family, guards=e.guards, span=e.span))
                 continue
             folded = _fold_add(e, self.kinds)

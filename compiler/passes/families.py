@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from ..elaborate import ir
 from ..elaborate.ir import Eqn
+from ..elaborate.symbolic import Poly
 
 
 def eqn_has_axis(e: Eqn, has: list[bool], functions: dict[str, ir.Function]) -> bool:
@@ -24,9 +25,30 @@ def eqn_has_axis(e: Eqn, has: list[bool], functions: dict[str, ir.Function]) -> 
         # passed where it takes a single value makes one result per member
         per_member = any(h for h, inp in zip(has, singles) if inp.type.family is None)
         return e.family is not None or per_member
-    if e.op == "members":  # an axis of the operand becomes the family axis
+    if e.op in ("members", "gather_members"):  # a family axis made or regrouped
         return True
     # a family read whole (`concat(h_1, ..., h_A)`) is joined into one value; inside a
     # family, a value none of whose operands varies by member is one value
     has = [h and not o.whole_family for h, o in zip(has, e.ins)]
     return any(has) if e.ins else e.family is not None
+
+
+def grouped(e: Eqn, family_size) -> Poly | None:
+    """For attention inside `for i in 1..A` whose keys and values are members of two
+    families of one size picked by one expression in i (`k_{floor((i - 1) * G / A) + 1}`,
+    grouped-query attention): that expression, else None. `family_size(name)` is the
+    number of members of a value family (None for anything else). The lowering gives such
+    attention its keys and values whole (`groups`), and the incremental form caches the G
+    members, not A."""
+    if e.family is None or len(e.ins) < 3:
+        return None
+    var = e.family[0]
+    k, v = e.ins[1], e.ins[2]
+    for o in (k, v):
+        if o.name is None or not isinstance(o.member, Poly) or var not in o.member.symbols() \
+                or o.member == Poly.sym(var):
+            return None
+    size = family_size(k.name)
+    if k.member != v.member or size is None or size != family_size(v.name):
+        return None
+    return k.member

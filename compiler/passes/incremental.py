@@ -29,7 +29,7 @@ from ..elaborate.ir import Ell, Eqn, Loop, TensorType, sequence_symbols
 from ..elaborate.primitives import PRIMITIVES
 from ..elaborate.symbolic import Poly, format_poly
 from ..errors import FgcError, Span
-from .families import eqn_has_axis
+from .families import eqn_has_axis, grouped
 
 # what keeps positions apart: element-wise ops and those along the last axis only
 POINTWISE = {name for name, p in PRIMITIVES.items() if p.family == "elementwise"} | {"cond"}
@@ -59,6 +59,11 @@ class Incremental:
     tokens: str  # that input
     sites: list[CacheSite]
     layers: dict[int, Poly] = field(default_factory=dict)  # loop -> number of layers
+    # (calling module or "" for the model, module use) -> the callee's symbols that stand for
+    # the generated length at that use, where there are some: a table of positions inside a
+    # module is made for the past and new positions and read from the first new one
+    along: dict[tuple[str, str], frozenset[str]] = field(default_factory=dict)
+    mixed: frozenset = frozenset()  # module uses along the positions at one use, not another
 
     def cache(self) -> list[tuple[str, str, CacheSite, int, str]]:
         """(past name, present name, site, block, key|value) for each cache site and kind,
@@ -122,6 +127,7 @@ class _Scope:
         self.varying: set[str] = set()  # values that differ from family member to member
         self.computed: set[str] = set()  # values its equations compute (not parameters)
         self.guarded: Span | None = None  # the call, made by some layers only, it is inside
+        self.fn = ""  # the module whose body this is ("" for the model's)
 
 
 class _Walk:
@@ -131,6 +137,8 @@ class _Walk:
         self.g = g
         self.sites: list[CacheSite] = []
         self.causal_seen = False  # some causal attention over the positions, cached or not
+        self.along: dict[tuple[str, str], frozenset[str]] = {}  # see Incremental.along
+        self.plain: set[tuple[str, str]] = set()  # module uses along no positions
         self.errors: list[tuple[str, Span | None]] = []
 
     def fail(self, message: str, span: Span | None) -> None:
@@ -251,6 +259,17 @@ class _Walk:
                 self.fail("a product over the positions mixes them; only attention with "
                           "a causal mask may", e.span)
             return
+        if op == "index" and ins[0] is not None and \
+                not any(t is not None and self.axes(t, s, e.span) for t in ins[1:]) and \
+                not any(isinstance(o.const, Poly) and o.const.symbols() & s.gen
+                        for o in e.ins[1:]):
+            # a slice of other axes (rotary's halves of the features) keeps every position
+            # apart: each position axis is taken whole, and no bound is the run's length
+            base = ins[0].member() if ins[0].family is not None else ins[0]
+            kinds = e.attrs["kinds"]
+            pos = self.axes(base, s, e.span)
+            if pos and all(kinds[a] == ":" for a in pos):
+                return
         if op == "lookup":  # rows of a table, one per id: the ids' positions stay apart
             if ins[1] is not None and self.axes(ins[1], s, e.span):
                 self.fail("a lookup in a table along the positions mixes them", e.span)
@@ -272,6 +291,11 @@ class _Walk:
         inner_gen = {k for k, v in bindings.items()
                      if isinstance(v, Poly) and v.symbols() and v.symbols() <= s.gen
                      and len(v.terms) == 1 and v == Poly.sym(next(iter(v.symbols())))}
+        key = (s.fn, inst)
+        if inner_gen:
+            self.along[key] = self.along.get(key, frozenset()) | frozenset(inner_gen)
+        else:
+            self.plain.add(key)
         if not fn.inputs:  # a table: masks and positions are computed, not learned
             # masks under which position i sees no position j > i: a cache of the keys is
             # exact
@@ -289,6 +313,7 @@ class _Walk:
         types = {v.name: v.type for v in fn.inputs}
         types.update((p.name, p.type) for p in fn.params)
         inner = _Scope(set(inner_gen), subst, s.path + (inst,), s.loop, types)
+        inner.fn = fn.name
         inner.guarded = s.guarded or (e.span if e.guards else None)
         for decl, o, t in zip(fn.inputs, e.ins, ins):
             if o.name is not None and o.name in s.causal:
@@ -358,6 +383,9 @@ class _Walk:
             self.fail("an attention that only some layers have", s.guarded or e.span)
             return
         heads = e.family[1].subs(s.subst) if e.family is not None else None
+        if grouped(e, lambda name: s.types[name].family if name in s.types else None):
+            # grouped-query attention: the cache holds the G keys and values, not A
+            heads = s.types[e.ins[1].name].family.subs(s.subst)
         same = frozenset(kind for kind, o in (("key", e.ins[1]), ("value", e.ins[2]))
                          if not self.varies(o, s))
         self.sites.append(CacheSite(
@@ -416,4 +444,5 @@ def derive(model: ir.Model, functions: dict[str, ir.Function]) -> Incremental:
                              span or model.span)
     loops = [item for item in model.body if isinstance(item, Loop)]
     layers = {k: loop.hi - loop.lo + Poly.const(1) for k, loop in enumerate(loops)}
-    return Incremental(length=walk.g, tokens=tokens, sites=walk.sites, layers=layers)
+    return Incremental(length=walk.g, tokens=tokens, sites=walk.sites, layers=layers,
+                       along=walk.along, mixed=frozenset(set(walk.along) & walk.plain))

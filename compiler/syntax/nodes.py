@@ -106,6 +106,14 @@ class LayerRef(Expr):
 
 
 @dataclass
+class MemberAt(Expr):
+    """`k_{(i - 1) / 2 + 1}`: the member of family `k` an index expression picks."""
+
+    family: str  # the family's name: "k" for `k_{...}`
+    index: Expr
+
+
+@dataclass
 class Superscript(Expr):
     base: Expr
     name: str

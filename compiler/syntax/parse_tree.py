@@ -413,6 +413,10 @@ class _ToSyntax(Transformer):
         return S.Name(self._span(meta), str(children[0]))
 
     @v_args(meta=True)
+    def member_at(self, meta, children):
+        return S.MemberAt(self._span(meta), str(children[0])[:-2], children[1])
+
+    @v_args(meta=True)
     def int_(self, meta, children):
         return S.Num(self._span(meta), parse_number(children[0], self.filename), str(children[0]))
 

@@ -32,6 +32,8 @@ def format_eqn(e: ir.Eqn) -> str:
             extra += " " + _attr(binds)
         if e.attrs.get("masks"):  # after the lowering: the masks this use gives by meaning
             extra += " masks " + _attr(e.attrs["masks"])
+        if e.attrs.get("groups") is not None:  # after the lowering: grouped-query attention
+            extra += " groups " + format_poly(e.attrs["groups"])
     else:
         head = e.op
         attrs = {k: v for k, v in e.attrs.items() if v is not None}

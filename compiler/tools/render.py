@@ -142,6 +142,8 @@ class TeX:
             return f"{self.expr(e.base, atom)}[{items}]", atom
         if isinstance(e, S.LayerRef):
             return self.layer(self.expr(e.base, atom), e.layer), atom
+        if isinstance(e, S.MemberAt):
+            return f"{{{self.name(e.family, False)}}}_{{{self.expr(e.index)}}}", atom
         if isinstance(e, S.Superscript):
             sup = r"\top" if e.name == "T" else _group(self.script(e.name))
             return f"{{{self.expr(e.base, atom)}}}^{sup}", atom

@@ -10,11 +10,12 @@ broadcasting on their own dimensions, as the spec's shapes say.
 Sizes are exact: every hyperparameter is a number except the sequence length, which is
 read from the input's shape at run time (`T`), so batch and sequence axes stay dynamic.
 
-Standard ONNX first: LayerNormalization, Gelu (opset 20), the Attention op (opset 23, with
-`is_causal` for Mask^AR) and one GEMM for all heads of a projection. With
-`optimize="ort"` the same decisions emit onnxruntime's fused operators instead
-(Attention/MultiHeadAttention, SkipLayerNormalization, FastGelu for the tanh GELU and
-BiasGelu only for the erf one), chosen here from the IR, never by matching patterns in a
+Standard ONNX first: LayerNormalization, Gelu (opset 20), RMSNormalization (opset 23),
+Swish (opset 24), the Attention op (opset 23, with `is_causal` for Mask^AR) and one GEMM
+for all heads of a projection. With `optimize="ort"` the same decisions emit onnxruntime's
+fused operators instead (Attention/MultiHeadAttention, SkipLayerNormalization,
+SkipSimplifiedLayerNormalization, FastGelu for the tanh GELU and BiasGelu only for the
+erf one, QuickGelu for SiLU), chosen here from the IR, never by matching patterns in a
 finished graph.
 """
 
@@ -109,6 +110,7 @@ class Scope:
         self.roles: dict[str, Role] = {}
         self.params: dict[str, ir.Param] = {p.name: p for p in (fn.params if fn else [])}
         self.shared: set[str] = set()  # module uses shared by every layer
+        self.caller: Scope | None = None  # the scope of the call that inlines this one
         self.ells: dict[str, tuple] = {}  # `...` in the signature -> the dims it stands for
         self.masks: dict = {}  # input -> the MaskKind this use gives it (lowering/masks.py)
 
@@ -596,18 +598,43 @@ class Lowerer:
             out.append(val)
         return out[0], out[1]
 
-    def causal_table(self, rows: Poly, cols: Poly, label: str) -> V:
+    def gather_members(self, x: V, e: Eqn, index: Poly, scope: Scope, label: str
+                       ) -> tuple[str, tuple]:
+        """Family `x` regrouped for e's family: member i is x's member index(i) (one
+        Gather along x's family axis; the sizes are numbers here). The tensor, and its
+        roles in order, e's family role in place of x's."""
+        role = self.family_role(e, scope)
+        var, size = e.family
+        picks = [_int(self.ev(index.subs({var: Poly.const(i)}), scope.penv)) - 1
+                 for i in range(1, _int(self.ev(size, scope.penv)) + 1)]
+        out = self.g.op("Gather", [x.name, self.g.ints(picks)], label,
+                        axis=x.roles.index(x.fam))
+        roles = tuple(role if r is x.fam else r for r in x.roles)
+        ordered = tuple(sorted(roles, key=lambda r: r.order))
+        if ordered != roles:
+            perm = [roles.index(r) for r in ordered] + list(range(len(roles),
+                                                                  len(roles) + len(x.own)))
+            out = self.g.op("Transpose", [out], f"{label}/order", perm=perm)
+        return out, ordered
+
+    def causal_table(self, rows: Poly, cols: Poly, label: str, window: Poly | None = None
+                     ) -> V:
         """Mask^AR as a rows x cols tensor aligned to the last column: row i sees the
         columns up to cols - rows + i (in the incremental form, the new positions after
-        the past ones)."""
+        the past ones); with a window of w (Mask^ST), only the last w of those."""
         zero, one = self.g.const(0, "int"), self.g.const(1, "int")
         first = self.scalar_size(cols - rows)
         r = self.g.op("Range", [first, self.scalar_size(cols), one], f"{label}/rows")
         c = self.g.op("Range", [zero, self.scalar_size(cols), one], f"{label}/cols")
-        later = self.g.op("Greater", [
-            self.g.op("Unsqueeze", [c, self.g.ints([0])], f"{label}/row"),
-            self.g.op("Unsqueeze", [r, self.g.ints([1])], f"{label}/col")], f"{label}/later")
-        out = self.g.op("Where", [later, self.g.const(float("-inf"), "real"),
+        c = self.g.op("Unsqueeze", [c, self.g.ints([0])], f"{label}/row")
+        r = self.g.op("Unsqueeze", [r, self.g.ints([1])], f"{label}/col")
+        hidden = self.g.op("Greater", [c, r], f"{label}/later")
+        if window is not None:
+            gone = self.g.op("GreaterOrEqual", [
+                self.g.op("Sub", [r, c], f"{label}/distance"), self.scalar_size(window)],
+                f"{label}/outside")
+            hidden = self.g.op("Or", [hidden, gone], f"{label}/hidden")
+        out = self.g.op("Where", [hidden, self.g.const(float("-inf"), "real"),
                                   self.g.const(0.0, "real")], label)
         v = V("real", (), (rows, cols), name=out)
         self.info(out, v)
@@ -803,6 +830,7 @@ class Lowerer:
         role = self.family_role(e, scope)
         callee = Scope(fn, env, penv, path, scope.layer, scope.numeric)
         callee.ells = ells
+        callee.caller = scope
         # the mask each input taken by meaning is given at this use (lowering/masks.py)
         callee.masks = site_kinds(e, lambda name: scope.masks[name])
         lower = fused(fn, self.optimize)
@@ -1253,18 +1281,34 @@ def _members(lw: Lowerer, e: Eqn, ins: list[V], scope: Scope) -> V:
     return _out(lw, e, scope, roles, x.dtype, out, offset=x.offset, fam=role)
 
 
+def _gather_members(lw: Lowerer, e: Eqn, ins: list[V], scope: Scope) -> V:
+    """Member i of the result is member index(i) of the operand family: one Gather along
+    its family axis with the members each i reads (the sizes are numbers here)."""
+    x = lw.canonical(ins[0])
+    if x.fam is None:
+        raise Unsupported(f"`{e.ins[0].name}` is not a family here")
+    out, roles = lw.gather_members(x, e, e.attrs["index"], scope, _label(e, scope, "members"))
+    return _out(lw, e, scope, roles, x.dtype, out, offset=x.offset,
+                fam=lw.family_role(e, scope))
+
+
 def _mask(lw: Lowerer, e: Eqn, ins: list[V], scope: Scope) -> V:
-    """A mask by meaning (lowering/masks.py): its bias, if it has one, is its value;
-    attention reads what it means from the lowering."""
+    """A mask by meaning (lowering/masks.py): its bias, if it has one, is its value, and a
+    window carries its width (`lazy`); attention reads what it means from the lowering."""
     if ins:
         return ins[0]
-    return V("real", (), tuple(lw.ev(d, scope.env) for d in e.outs[0].type.shape[-2:]))
+    own = tuple(lw.ev(d, scope.env) for d in e.outs[0].type.shape[-2:])
+    if "window" in e.attrs:
+        return V("real", (), own, kind="window", lazy=lw.ev(e.attrs["window"], scope.env))
+    return V("real", (), own)
 
 
 def _mask_tensor(lw: Lowerer, e: Eqn, ins: list[V], scope: Scope) -> V:
     rows, cols = (lw.ev(d, scope.env) for d in e.outs[0].type.shape[-2:])
     cols = cols + lw.from_past(cols)  # the incremental form: the new rows, every column
     label = _label(e, scope, "mask")
+    if e.attrs.get("banded"):
+        return lw.causal_table(rows, cols, label, window=ins[0].lazy)
     if e.attrs["causal"]:
         table = lw.causal_table(rows, cols, label)
     else:
@@ -1280,6 +1324,7 @@ LOWER = {
     "iota": _iota, "broadcast_to": _broadcast_to, "select": _select,
     "invperm": _argsort_like, "argsort": _argsort_like, "argmax": _argmax,
     "members": _members, "mask": _mask, "mask_tensor": _mask_tensor, "lookup": _lookup,
+    "gather_members": _gather_members,
 }
 
 
@@ -1297,30 +1342,88 @@ def _softmax(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
     return [v]
 
 
+def _epsilon(callee: Scope) -> float:
+    eps = callee.env.get("eps")
+    return eps if isinstance(eps, float) else float(eps.const_value())
+
+
+def _skip_norm(lw: Lowerer, x: V, op: str, params: list[str], eps: float, path: str):
+    """Under --optimize ort, a norm of `a + b` with the sum kept for the residual path:
+    one fused node (onnxruntime's Skip`op`) where the sum was computed; else None."""
+    node = lw.g.producer_of(x.name)
+    if lw.optimize != "ort" or node is None or node.op != "Add" or node.domain \
+            or len(x.roles) + len(x.own) != 3:
+        return None
+    a, b = node.inputs
+    info = lw.g.value_info
+    if not (a in info and info.get(a) == info.get(b) == info.get(x.name)):
+        return None
+    out = lw.g.fresh(path)
+    lw.g.replace(x.name, Node(f"Skip{op}", [a, b, *params], [out, "", "", x.name], out,
+                              lw.g.doc, ORT_DOMAIN, {"epsilon": eps}))
+    v = V("real", x.roles, x.own, name=out, fam=x.fam)
+    lw.info(out, v)
+    return v
+
+
 def _layer_norm(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
     if not ins[0].own:
         return None
     x = lw.as_real(lw.canonical(ins[0]))
     gamma, beta = (lw.param(callee, name, None).name for name in intrinsic(callee.fn).params)
-    eps = callee.env.get("eps")
-    eps = eps if isinstance(eps, float) else float(eps.const_value())
-    path = callee.path
-    node = lw.g.producer_of(x.name)
-    if lw.optimize == "ort" and node is not None and node.op == "Add" and not node.domain \
-            and len(x.roles) + len(x.own) == 3:
-        a, b = node.inputs
-        info = lw.g.value_info
-        if a in info and info.get(a) == info.get(b) == info.get(x.name):
-            # LN(a + b) with the sum kept for the residual path: one fused node where the
-            # sum was computed
-            out = lw.g.fresh(path)
-            lw.g.replace(x.name, Node("SkipLayerNormalization", [a, b, gamma, beta],
-                                      [out, "", "", x.name], out, lw.g.doc, ORT_DOMAIN,
-                                      {"epsilon": eps}))
-            v = V("real", x.roles, x.own, name=out, fam=x.fam)
-            lw.info(out, v)
-            return [v]
+    eps, path = _epsilon(callee), callee.path
+    if (v := _skip_norm(lw, x, "LayerNormalization", [gamma, beta], eps, path)) is not None:
+        return [v]
     out = lw.g.op("LayerNormalization", [x.name, gamma, beta], path, axis=-1, epsilon=eps)
+    v = V("real", x.roles, x.own, name=out, fam=x.fam)
+    lw.info(out, v)
+    return [v]
+
+
+def _rms_norm(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
+    """RMSNormalization (opset 23), and under --optimize ort onnxruntime's
+    SkipSimplifiedLayerNormalization after a residual sum; else the module's equations.
+    (Its SimplifiedLayerNormalization is registered in the ONNX domain, where onnx.checker
+    refuses it, so it is never emitted.) Gemma's scale, 1 + gamma, is an Add on the
+    parameter (onnxruntime folds it), so its checkpoint tensor keeps its name."""
+    i = intrinsic(callee.fn)
+    skip = lw.optimize == "ort" and not i.offset
+    if not ins[0].own or (lw.opset < 23 and not skip):
+        return None
+    x = lw.as_real(lw.canonical(ins[0]))
+    (scale,) = (lw.param(callee, name, None).name for name in i.params)
+    eps, path = _epsilon(callee), callee.path
+    if skip:  # (Gemma's Add would come after the sum, where the fused node goes)
+        v = _skip_norm(lw, x, "SimplifiedLayerNormalization", [scale], eps, path)
+        if v is not None:
+            return [v]
+        if lw.opset < 23:
+            return None
+    if i.offset:
+        scale = lw.g.op("Add", [lw.g.const(i.offset, "real"), scale], f"{path}/scale")
+    out = lw.g.op("RMSNormalization", [x.name, scale], path, axis=-1, epsilon=eps,
+                  stash_type=1)
+    v = V("real", x.roles, x.own, name=out, fam=x.fam)
+    lw.info(out, v)
+    return [v]
+
+
+def _silu(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
+    """Swish (opset 24); below, the equations' Mul(x, Sigmoid(x))."""
+    if lw.opset < 24:
+        return None
+    x = lw.as_real(lw.canonical(ins[0]))
+    out = lw.g.op("Swish", [x.name], callee.path)
+    v = V("real", x.roles, x.own, name=out, fam=x.fam)
+    lw.info(out, v)
+    return [v]
+
+
+def _ort_silu(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
+    """onnxruntime's QuickGelu, x sigmoid(alpha x), at alpha 1 (what its own fusion of
+    x * Sigmoid(x) makes)."""
+    x = lw.as_real(lw.canonical(ins[0]))
+    out = lw.g.op("QuickGelu", [x.name], callee.path, domain=ORT_DOMAIN, alpha=1.0)
     v = V("real", x.roles, x.own, name=out, fam=x.fam)
     lw.info(out, v)
     return [v]
@@ -1377,6 +1480,12 @@ def _attention(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
     cached = callee.path in lw.sites
     if cached:  # the incremental form: keys of the earlier positions too
         k, v = lw.extend_cache(callee.path, k, v)
+    if e.attrs.get("groups") is not None:  # grouped-query: each query head's key and value
+        k, v = (_regrouped(lw, callee, x, e, f"{callee.path}/{what}")
+                for x, what in ((k, "K"), (v, "V")))
+    if kind is not None and kind.window:  # a band of the keys, aligned to their end
+        mask = lw.causal_table(q.own[0], k.own[0], f"{callee.path}/Mask^ST", window=mask.lazy)
+        kind = None
     if kind is not None and kind.causal and (kind.bias or cached):
         # the causal part as a tensor aligned to the keys' end, plus the bias: one mask
         table = lw.causal_table(q.own[0], k.own[0], f"{callee.path}/Mask^AR")
@@ -1413,6 +1522,15 @@ def _attention(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
     res = V("real", q.roles, out_own, packed=out, fam=q.fam)
     lw.info(out, res, packed=True)
     return [res]
+
+
+def _regrouped(lw: Lowerer, callee: Scope, x: V, e: Eqn, label: str) -> V:
+    """Keys or values of G heads as the A query heads read them (`groups`)."""
+    x = lw.canonical(x)
+    out, roles = lw.gather_members(x, e, e.attrs["groups"], callee.caller, label)
+    v = V(x.dtype, roles, x.own, name=out, fam=lw.family_role(e, callee.caller))
+    lw.info(out, v)
+    return v
 
 
 def _attention_equations(lw: Lowerer, callee: Scope, q: V, k: V, v: V, mask: V | None,
@@ -1453,9 +1571,7 @@ def _ort_attention(lw: Lowerer, q: V, k: V, v: V, causal: bool, bias: str | None
     (their weights packed side by side: one GEMM), MultiHeadAttention otherwise."""
     attrs = {"num_heads": heads, "unidirectional": 1 if causal else None}
     same_x = q.kind == k.kind == v.kind == "proj" and q.lazy[0] is k.lazy[0] is v.lazy[0]
-    if not same_x:
-        if causal:
-            raise Unsupported("a causal mask over projections of different inputs")
+    if not same_x:  # (unidirectional: causal over queries and keys of one length)
         inputs = [lw.packed_form(q), lw.packed_form(k), lw.packed_form(v)]
         if bias is not None:
             inputs += ["", "", bias]
@@ -1482,15 +1598,16 @@ def _ort_attention(lw: Lowerer, q: V, k: V, v: V, causal: bool, bias: str | None
 # by what they mean. An entry may return None (or be None) to lower the module's equations.
 FUSED = {
     "attention": _attention, "layer_norm": _layer_norm, "softmax": _softmax, "gelu": _gelu,
+    "rms_norm": _rms_norm, "silu": _silu,
     "onehot": None,  # times a table, the lowered `lookup` (lowering/lookups.py)
     "concat": _concat_heads,
     # a mask is its equations where it is a tensor; where attention reads it by meaning,
     # the lowering has made it a `mask` operation (lowering/masks.py)
     "mask": None,
 }
-# --optimize ort: onnxruntime's contrib operators where they differ (attention and
-# LayerNormalization fuse with the Add before them inside their entries)
-FUSED_ORT = {**FUSED, "gelu": _ort_gelu}
+# --optimize ort: onnxruntime's contrib operators where they differ (attention and the
+# norms fuse with the Add before them inside their entries)
+FUSED_ORT = {**FUSED, "gelu": _ort_gelu, "silu": _ort_silu}
 
 
 def fused(fn: ir.Function, optimize: str | None):

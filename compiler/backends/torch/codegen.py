@@ -137,6 +137,21 @@ def py_poly(p: Poly, sym: dict) -> Expr:
     return out  # type: ignore[return-value]
 
 
+def _over_common(p: Poly) -> tuple[Poly, Poly]:
+    """p as N / d with N and d polynomials of whole coefficients and no negative powers
+    (`G*i/A - G/A` as `G*i - G` over `A`), so a floor is one integer division."""
+    den, powers = 1, {}
+    for mono, coef in p.terms.items():
+        den = math.lcm(den, coef.denominator)
+        for s, e in mono:
+            if e < 0:
+                powers[s] = max(powers.get(s, 0), -e)
+    d = Poly.const(den)
+    for s, e in powers.items():
+        d = d * Poly.sym(s) ** e
+    return p * d, d
+
+
 def _power(x: Expr, e: int) -> Expr:
     return x if e == 1 else BinOp(x, "**", Const(e))
 
@@ -153,8 +168,13 @@ def _py_sym(s, sym: dict) -> Expr:
         args = [py_poly(a, sym) for a in s.args]
         if s.op in ("div", "mod"):
             return BinOp(args[0], "//" if s.op == "div" else "%", args[1])
-        if s.op in ("floor", "ceil"):
-            return call(f"math.{s.op}", args[0])
+        if s.op in ("floor", "ceil"):  # exactly, in integers: N // d, or -(-N // d)
+            num, den = _over_common(s.args[0])
+            if den.is_const() and den.const_value() == 1:
+                return py_poly(num, sym)
+            if s.op == "floor":
+                return BinOp(py_poly(num, sym), "//", py_poly(den, sym))
+            return Unary("-", BinOp(py_poly(-num, sym), "//", py_poly(den, sym)))
         return call(s.op, *args)
     try:
         value = sym[s]
@@ -437,6 +457,7 @@ class Body:
         self.materialized: set[str] = set()
         self.real_dtype: Expr = call("torch.get_default_dtype")  # where integers go as reals
         self.start: Expr | None = None  # the model's body: the first new position (step())
+        self.fn_name = ""  # the module whose forward this is ("" for the model and layers)
         # temporaries the spec names otherwise (a module's result is the module's): the
         # name they take here, before ident; other temporaries are numbered (`%7` -> t7)
         self.spec_names: dict[str, str] = {}
@@ -590,8 +611,9 @@ class Body:
         shape = "(" + ", ".join(dims) + ")" if dims else "()"
         where = f"{safe_name(e.span.file)}:{e.span.line}" if e.span else ""
         if e.op == "mask" and not e.ins:  # no tensor: attention reads what it means
-            meaning = "Mask^AR: attention runs is_causal" if e.attrs["causal"] else \
-                "Mask^BD: attention runs without a mask"
+            meaning = "Mask^ST's width: attention runs a band of the keys" \
+                if "window" in e.attrs else "Mask^AR: attention runs is_causal" \
+                if e.attrs["causal"] else "Mask^BD: attention runs without a mask"
             return f"{meaning}  {where}".strip()
         return f"{shape}  {where}".strip()
 
@@ -990,9 +1012,30 @@ def _members(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> Expr:
     return x if k == 0 else method(x, "movedim", Const(k - r), Const(-r))
 
 
+def _gather_members(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> Expr:
+    """Member i of the result is member index(i) of the operand: index_select along the
+    family axis with the 0-based members each reads, one per i in 1..size."""
+    x, r = ins[0].expr, ins[0].layout.rank
+    if r is None:
+        raise Unsupported("a member chosen by an expression, of a family of `...` values")
+    return method(x, "index_select", Const(-r - 1), _picks(b, e, e.attrs["index"]))
+
+
+def _picks(b: Body, e: Eqn, index: Poly) -> Expr:
+    """The 0-based members `index` reads, one per i of e's family, as a tensor."""
+    var, size = e.family
+    i = Name(ident(var))
+    picks = Comp(py_poly(index - 1, {**b.sym, var: i}),
+                 ((i, call("range", Const(1), BinOp(py_poly(size, b.sym), "+", Const(1)))),))
+    return call("torch.tensor", picks, device=b.device)
+
+
 def _mask(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> Expr:
-    """A mask by meaning (lowering/masks.py): at run time only its bias, if it has one;
-    attention reads what it means from the lowering, not from the value."""
+    """A mask by meaning (lowering/masks.py): at run time only its bias or its window's
+    width, if it has one; attention reads what it means from the lowering, not from the
+    value."""
+    if "window" in e.attrs:
+        return py_poly(e.attrs["window"], b.sym)
     return ins[0].expr if ins else Const(None)
 
 
@@ -1001,6 +1044,8 @@ def _mask_tensor(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> Expr:
     rows, cols = py_poly(rows_d, b.sym), py_poly(cols_d, b.sym)
     if b.gen.by_position(cols_d) and b.start is not None:
         cols = BinOp(b.start, "+", cols)  # step(): the new rows of the table, every column
+    if e.attrs.get("banded"):
+        return call("window_mask", rows, cols, ins[0].expr, b.device)
     if e.attrs["causal"]:
         table = call("causal_mask", rows, cols, b.device)
     else:
@@ -1027,7 +1072,7 @@ LOWER = {
     "index": _index, "iota": _iota, "broadcast_to": _broadcast_to, "invperm": _invperm,
     "argmax": _argmax, "argsort": _argsort, "stopgrad": _stopgrad, "members": _members,
     "lookup": _lookup,
-    "mask": _mask, "mask_tensor": _mask_tensor,
+    "mask": _mask, "mask_tensor": _mask_tensor, "gather_members": _gather_members,
 }
 
 
@@ -1038,7 +1083,7 @@ def _no_value(fn: ir.Function, name: str) -> bool:
     """Whether input `name` of `fn` is a mask taken by meaning alone (lowering/masks.py),
     which has no value at run time: neither forward nor its calls pass it."""
     kind = kind_of_input(fn, name)
-    return kind is not None and not kind.bias
+    return kind is not None and not kind.valued
 
 
 def _sdpa(b: Body, fn: ir.Function, inputs: list[str]) -> list[Line]:
@@ -1048,6 +1093,12 @@ def _sdpa(b: Body, fn: ir.Function, inputs: list[str]) -> list[Line]:
     q, k, v, mask = (Name(x) for x in inputs)
     kind = kind_of_input(fn, intrinsic(fn).mask_input)
     lines = _cached_keys(k, v) if b.gen.incremental is not None else []
+    if fn.name in b.gen.grouped:  # the keys and values of each query head, after the cache
+        groups = Name("groups")
+        pick = [Line(Assign((x,), method(x, "index_select", Const(-3), groups)), depth=1)
+                for x in (k, v)]
+        lines += [Line(If(Compare(groups, "is not", Const(None))),
+                       "grouped-query attention: each query head's keys")] + pick
 
     def sdpa(comment: str = "", depth: int = 0, **kw: Expr) -> Line:
         return Line(Return(call("sdpa", q, k, v, **kw)), comment, depth)
@@ -1056,6 +1107,11 @@ def _sdpa(b: Body, fn: ir.Function, inputs: list[str]) -> list[Line]:
     if kind.causal is False:
         return lines + [sdpa("no mask")]
     length = [Subscript(Attr(x, "shape"), (Const(-2),)) for x in (q, k)]
+    if kind.window:  # the mask's value is the window's width
+        band = method(call("window_mask", *length, mask, Attr(q, "device")), "to",
+                      Attr(q, "dtype"))
+        return lines + [Line(Assign((mask,), band), "Mask^ST: a band of the keys, aligned "
+                             "to their end"), sdpa(attn_mask=mask)]
     table = method(call("causal_mask", *length, Attr(q, "device")), "to", Attr(q, "dtype"))
     if kind.bias:
         return lines + [Line(Assign((mask,), BinOp(mask, "+", table)), "the bias plus Mask^AR"),
@@ -1096,6 +1152,15 @@ def _layer_norm(b: Body, fn: ir.Function, inputs: list[str]) -> list[Line]:
                              dotted("self.eps"))))]
 
 
+def _rms_norm(b: Body, fn: ir.Function, inputs: list[str]) -> list[Line]:
+    gamma = dotted("self.gamma")
+    offset = intrinsic(fn).offset
+    scale = BinOp(Const(offset), "+", gamma) if offset else gamma
+    comment = f"the scale is {offset:g} + gamma" if offset else ""
+    return [Line(Return(call("rms_norm", Name(inputs[0]), Attr(gamma, "shape"), scale,
+                             dotted("self.eps"))), comment)]
+
+
 def _softmax(b: Body, fn: ir.Function, inputs: list[str]) -> list[Line]:
     return [Line(Return(call("torch.softmax", Name(inputs[0]), dim=Const(-1))))]
 
@@ -1105,10 +1170,15 @@ def _gelu(b: Body, fn: ir.Function, inputs: list[str]) -> list[Line]:
     return [Line(Return(call("gelu", Name(inputs[0]), approximate=approximate)))]
 
 
+def _silu(b: Body, fn: ir.Function, inputs: list[str]) -> list[Line]:
+    return [Line(Return(call("silu", Name(inputs[0]))))]
+
+
 # Intrinsics (compiler/elaborate/intrinsics.py) whose forward is one fused torch call, by
 # kind; None: the module's own equations. Their equations stay the docstring.
 FUSED = {
     "attention": _sdpa, "layer_norm": _layer_norm, "softmax": _softmax, "gelu": _gelu,
+    "rms_norm": _rms_norm, "silu": _silu,
     "onehot": None,  # times a table, the lowered `lookup` (lowering/lookups.py)
     "concat": None,  # the family axis flattened into the last (see Generator.lower_call)
     # a mask is its equations where it is a tensor; where attention reads it by meaning,
@@ -1158,6 +1228,7 @@ class Generator:
         self.preset = preset
         self.param_types: dict[str, ir.Param] = {}
         self.in_module = False
+        self.takes_start: set[str] = set()  # modules whose forward takes `start`
         self.dynamic: set[str] = set()
         self.hyper_names = Namer()
         self.consts: dict[str, str] = {}  # hyperparameter -> its field of Config
@@ -1184,6 +1255,11 @@ class Generator:
             self.incremental = derive(cfg.model, cfg.functions)  # on the elaborated IR
         except NotIncremental:
             self.incremental = None
+        # attention modules some use gives grouped keys and values (lowering/families.py)
+        bodies = [fn.eqns for fn in self.functions.values()] + [
+            item.body if isinstance(item, ir.Loop) else [item] for item in self.model.body]
+        self.grouped = {e.attrs["module"] for body in bodies for e in body
+                        if e.op == "call" and e.attrs.get("groups") is not None}
 
     # -- helpers for lowering
     def by_position(self, d) -> bool:
@@ -1347,6 +1423,9 @@ class Generator:
         device = Attr(Name(namer(fn.inputs[0].name)), "device") if fn.inputs else Name("device")
         self.in_module = True
         body = Body(self, sym, device, namer, self_attr, fn.span.file if fn.span else "")
+        body.fn_name = fn.name
+        if self.incremental is not None:  # tables of positions inside: from `start` on
+            body.start = Name("start")
         body.spec_names = {**self._use_names(self.cfg.functions[fn.name].eqns
                                              if fn.name in self.cfg.functions else []),
                            **self._result_names(fn)}
@@ -1393,9 +1472,14 @@ class Generator:
             lines.append(Line(Return(_values(results))))
         self.in_module = False
         kw_part = []
-        if forward_kw:
-            kw_part = ["*", *(ident(s) for s in forward_kw)]
-            if not fn.inputs:
+        takes_start = body.start is not None and "start" in _paths(lines)
+        if takes_start:
+            self.takes_start.add(fn.name)
+        extra_kw = (["start=0"] if takes_start else []) + \
+            (["groups=None"] if fn.name in self.grouped else [])
+        if forward_kw or extra_kw:
+            kw_part = ["*", *(ident(s) for s in forward_kw)] + extra_kw
+            if forward_kw and not fn.inputs:
                 kw_part += ["device=None"] + ([] if fused_forward(fn) is not None
                                               else ["dtype=None"])
         fwd = ["self"] + passed + kw_part
@@ -1495,7 +1579,9 @@ class Generator:
             return [_flatten_family(ins[0].expr, ins[0].layout.rank)]
         inst = e.attrs["instance"]
         target = dotted(b.self_attr.get(inst) or f"self.{ident(inst)}")
-        args = [self._argument(b, e, v, inp.type.dtype == "real")
+        args = [v.expr if kind_of_input(fn, inp.name) is not None and
+                not kind_of_input(fn, inp.name).bias  # a window's width: a number
+                else self._argument(b, e, v, inp.type.dtype == "real")
                 for v, inp in zip(ins, fn.inputs)
                 if not _no_value(fn, inp.name)]  # a mask by meaning alone: nothing to pass
         kw: dict[str, Expr] = {}
@@ -1504,7 +1590,8 @@ class Generator:
             value = e.attrs["bindings"][name]
             if isinstance(value, float):
                 kw[ident(name)] = Const(value)
-            elif rows is not None and self.by_position(value):
+            elif rows is not None and (name in self._along(b, e) if b.fn_name
+                                       else self.by_position(value)):
                 kw[ident(name)] = BinOp(b.start, "+", py_poly(value, b.sym))  # type: ignore
             else:
                 kw[ident(name)] = py_poly(value, b.sym)
@@ -1514,6 +1601,13 @@ class Generator:
                 kw["dtype"] = b.real_dtype
         if e.family is not None and has_params(fn, self.functions):
             raise Unsupported(f"`{fn.name}` has parameters but is used once per family member")
+        if e.attrs.get("groups") is not None:  # grouped-query attention: keys, values whole
+            kw["groups"] = _picks(b, e, e.attrs["groups"])
+        if fn.name in self.takes_start and self._along(b, e):
+            if (b.fn_name, e.attrs["instance"]) in self.incremental.mixed:
+                raise Unsupported(f"`{fn.name}` makes a table of positions and is used along "
+                                  "the generated positions at one use and not at another")
+            kw["start"] = b.start  # its tables of positions, from the first new one
         result = call(target, *args, **kw)
         if rows is None:
             return [result]
@@ -1540,12 +1634,24 @@ class Generator:
         it reads by meaning to the keys itself)."""
         if fn.inputs or self.incremental is None:
             return None
-        axis = next((k for k, d in enumerate(e.outs[0].type.shape) if self.by_position(d)),
-                    None)
+        if b.fn_name:  # in a module: the table's own sizes along the positions at this use
+            along = self._along(b, e)
+            axis = next((k for k, d in enumerate(fn.outputs[0].type.shape)
+                         if isinstance(d, Poly) and d.symbols() & along), None)
+        else:
+            axis = next((k for k, d in enumerate(e.outs[0].type.shape)
+                         if self.by_position(d)), None)
         if axis is not None and b.start is None:
             raise Unsupported(f"`{fn.name}` along the positions inside the layers")
         return axis
 
+
+    def _along(self, b: Body, e: Eqn) -> frozenset[str]:
+        """The callee's sizes that run along the generated positions at this module use,
+        as the incremental analysis found them."""
+        if self.incremental is None:
+            return frozenset()
+        return self.incremental.along.get((b.fn_name, e.attrs["instance"]), frozenset())
 
     # -- the layers
     def loop_lines(self, b: Body, e: Eqn, materialize: set[str]) -> list[Line]:
@@ -1863,6 +1969,8 @@ class Generator:
         self_attr: dict[str, str] = {}
         body = Body(self, lsym, "device", namer, self_attr, self.spec.path)
         body.spec_names = self._use_names(self.cfg.model.body)
+        if self.incremental is not None:  # tables of positions inside: from `start` on
+            body.start = Name("start")
         args = []
         for c in loop.carried:
             init_t = self._type_of(c.init, outer)
@@ -1926,6 +2034,7 @@ class Generator:
         # the run's lengths, where the layer's own equations need them
         read = _paths(lines)
         lengths = [t for t in dict.fromkeys(self.run_length.values()) if t in read]
+        lengths += ["start"] if "start" in read else []
         # a module shared by all layers is the model's: each layer holds it without
         # registering it, so the state dict names its tensors once
         init_lines = ["self.l = l"] + [f'object.__setattr__(self, "{a}", {a})  # shared'
@@ -2062,6 +2171,7 @@ class Generator:
             modules=modules, fields=fields, derived=derived, preset=self.preset,
             # the helpers what is left after pruning calls, each emitted only then
             uses_causal=bool(re.search(r"(?<![\w.])causal_mask\(", text)),
+            uses_window=bool(re.search(r"(?<![\w.])window_mask\(", text)),
             uses_take=bool(re.search(r"(?<![\w.])take\(", text)),
             uses_project=bool(re.search(r"(?<![\w.])project\(", text)))
         source = template.render(**view, uses_math=True)

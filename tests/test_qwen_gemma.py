@@ -1,0 +1,173 @@
+"""specs/qwen2.fgpt, specs/qwen3.fgpt and specs/gemma.fgpt against transformers'
+Qwen2ForCausalLM, Qwen3ForCausalLM and GemmaForCausalLM, holding the same tensors.
+
+Each preset's count equals the class's unique parameters on the meta device. A tiny randomly
+initialised model (query/key/value biases for Qwen2, per-head query and key norms for Qwen3,
+Gemma's offset RMSNorm, GeGLU and scaled embedding; grouped-query ratios other than one, a
+head dimension other than H / A, tied and untied heads) is saved with safetensors under its
+own names and compiled with `fgc compile --weights`: the PyTorch module and the ONNX graph
+(standard and `--optimize ort`) give transformers' probabilities to 1e-5, and greedy
+generation with the key/value cache (`step()`) gives transformers' `generate` ids.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from conftest import fgc, peaked_weights
+from test_llama import _module, _tokens
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+safetensors_torch = pytest.importorskip("safetensors.torch")
+ort = pytest.importorskip("onnxruntime")
+
+TOL = 1e-5
+
+# ---------------------------------------------------------------- the released sizes
+
+# (spec, preset): (class, config), sizes as in the released config.json files
+RELEASED = {
+    ("qwen2", "7b"): ("Qwen2", dict(num_hidden_layers=28, hidden_size=3584,
+                                    num_attention_heads=28, num_key_value_heads=4,
+                                    intermediate_size=18944, vocab_size=152064,
+                                    tie_word_embeddings=False)),
+    ("qwen2", "0.5b"): ("Qwen2", dict(num_hidden_layers=24, hidden_size=896,
+                                      num_attention_heads=14, num_key_value_heads=2,
+                                      intermediate_size=4864, vocab_size=151936,
+                                      tie_word_embeddings=True)),
+    ("qwen3", "8b"): ("Qwen3", dict(num_hidden_layers=36, hidden_size=4096,
+                                    num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                                    intermediate_size=12288, vocab_size=151936,
+                                    tie_word_embeddings=False)),
+    ("qwen3", "4b"): ("Qwen3", dict(num_hidden_layers=36, hidden_size=2560,
+                                    num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                                    intermediate_size=9728, vocab_size=151936,
+                                    tie_word_embeddings=True)),
+    ("gemma", "2b"): ("Gemma", dict(num_hidden_layers=18, hidden_size=2048,
+                                    num_attention_heads=8, num_key_value_heads=1, head_dim=256,
+                                    intermediate_size=16384, vocab_size=256000)),
+    ("gemma", "7b"): ("Gemma", dict(num_hidden_layers=28, hidden_size=3072,
+                                    num_attention_heads=16, num_key_value_heads=16,
+                                    head_dim=256, intermediate_size=24576, vocab_size=256000)),
+}
+
+
+@pytest.mark.parametrize("spec,preset", sorted(RELEASED), ids=[f"{s}-{p}" for s, p in
+                                                               sorted(RELEASED)])
+def test_preset_count_equals_transformers(spec, preset):
+    family, config = RELEASED[(spec, preset)]
+    cls = getattr(transformers, f"{family}ForCausalLM")
+    with torch.device("meta"):
+        model = cls(getattr(transformers, f"{family}Config")(**config))
+    want = sum(p.numel() for p in model.parameters())  # parameters(): tied ones once
+    r = fgc("params", f"specs/{spec}.fgpt", "--preset", preset, "--format", "json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["total"] == want
+
+
+# ---------------------------------------------------------------- tiny models, weights
+
+# (spec, H, A, G, D, F, V, tied, file_has_head): A / G = 2, 3 and 4 and multi-query; for
+# Qwen3 and Gemma a head of D != H / A; tied heads saved with and without lm_head.weight
+CASES = [
+    ("qwen2", 16, 4, 2, None, 24, 50, False, True),
+    ("qwen2", 24, 6, 2, None, 40, 37, True, True),
+    ("qwen3", 16, 4, 1, 6, 24, 50, False, True),
+    ("qwen3", 16, 4, 2, 10, 40, 37, True, False),
+    ("gemma", 16, 4, 1, 6, 24, 50, True, False),
+    ("gemma", 16, 8, 2, 4, 40, 37, True, True),
+]
+IDS = [f"{c[0]}-H{c[1]}-A{c[2]}-G{c[3]}" + (f"-D{c[4]}" if c[4] else "")
+       + ("-tied" if c[7] else "") for c in CASES]
+N = 16
+
+
+def _reference(spec, H, A, G, D, F, V, tied, file_has_head, L=2):
+    family = {"qwen2": "Qwen2", "qwen3": "Qwen3", "gemma": "Gemma"}[spec]
+    extra = {"head_dim": D} if D else {}
+    config = getattr(transformers, f"{family}Config")(
+        vocab_size=V, hidden_size=H, intermediate_size=F, num_hidden_layers=L,
+        num_attention_heads=A, num_key_value_heads=G, max_position_embeddings=N,
+        rope_theta=1e6 if spec != "gemma" else 10000.0, rms_norm_eps=1e-6,
+        tie_word_embeddings=tied, bos_token_id=None, eos_token_id=None, pad_token_id=None,
+        **extra)
+    torch.manual_seed(0)
+    model = getattr(transformers, f"{family}ForCausalLM")(config).eval()
+    peaked_weights(model)
+    if spec == "gemma":  # (1 + gamma) near 1, as the other norms' gains
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith("norm.weight"):
+                    p.sub_(1.0)
+    return model
+
+
+def _sets(spec, H, A, G, D, F, V, tied, file_has_head, L=2) -> list[str]:
+    values = dict(L=L, H=H, A=A, G=G, F=F, V=V, n=N)
+    if D:
+        values["D"] = D
+    if spec != "gemma":
+        values["tied"] = int(tied)
+    return [x for k, v in values.items() for x in ("--set", f"{k}={v}")]
+
+
+@pytest.fixture(scope="module", params=CASES, ids=IDS)
+def compiled(request, tmp_path_factory):
+    case = request.param
+    model = _reference(*case)
+    folder = tmp_path_factory.mktemp(case[0])
+    weights = folder / "model.safetensors"
+    # a tied lm_head.weight is embed_tokens.weight itself, which safetensors will not save
+    # twice: a copy stands for a file that holds it, its absence for save_pretrained's
+    state = {k: v.clone().contiguous() for k, v in model.state_dict().items()}
+    if not case[8]:
+        del state["lm_head.weight"]
+    safetensors_torch.save_file(state, str(weights))
+    out = {}
+    for target, extra in (("torch", []), ("onnx", []), ("ort", ["--optimize", "ort"])):
+        dest = folder / target
+        r = fgc("compile", f"specs/{case[0]}.fgpt", *_sets(*case), "--weights", str(weights),
+                "--target", "torch" if target == "torch" else "onnx", *extra, "-o", str(dest))
+        assert r.returncode == 0, r.stderr
+        assert "not used" not in r.stdout + r.stderr  # every tensor mapped or ignored
+        out[target] = dest
+    return case, model, out
+
+
+def test_probabilities_equal_transformers(compiled):
+    case, ref, out = compiled
+    V = case[6]
+    model = _module(out["torch"])
+    sessions = {target: ort.InferenceSession(str(out[target] / "model.onnx"),
+                                             providers=["CPUExecutionProvider"])
+                for target in ("onnx", "ort")}
+    for T in (N, 5):
+        x = _tokens(V, T)
+        with torch.no_grad():
+            want = torch.softmax(ref(x).logits, -1)
+            got = model(x)
+        assert float((got - want).abs().max()) <= TOL
+        for target, session in sessions.items():
+            name = session.get_inputs()[0].name
+            probs = session.run(None, {name: x.numpy()})[0]
+            assert float(np.abs(probs - want.numpy()).max()) <= TOL, target
+
+
+def test_greedy_generation_equals_transformers(compiled):
+    case, ref, out = compiled
+    V = case[6]
+    model = _module(out["torch"])
+    prompt = _tokens(V, 4)
+    with torch.no_grad():
+        want = ref.generate(prompt, max_new_tokens=10, do_sample=False, pad_token_id=0,
+                            attention_mask=torch.ones_like(prompt))
+        ids = prompt
+        logits, past = model.step(prompt)
+        for _ in range(10):
+            nxt = logits[:, -1].argmax(-1, keepdim=True)
+            ids = torch.cat([ids, nxt], 1)
+            logits, past = model.step(nxt, past=past)
+    assert torch.equal(ids, want)
