@@ -11,18 +11,15 @@ transformers' `generate` ids, and the cache holds the G key/value heads.
 
 from __future__ import annotations
 
-import importlib.util
-
-import numpy as np
 import pytest
-from conftest import fgc, peaked_weights
+from conftest import peaked_weights
+from hf_parity import assert_greedy, assert_probabilities, compile_targets, module, tokens
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch")
-ort = pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxruntime")
 
-TOL = 1e-5
 # (spec, H, A, G, F, V, n, theta, w): A / G = 2 and 4, multi-query, multi-head with a head
 # of 6; Mistral's window of 5 over runs of 16
 CASES = [
@@ -66,71 +63,25 @@ def compiled(request, tmp_path_factory):
     weights = folder / "model.safetensors"
     safetensors_torch.save_file({k: v.contiguous() for k, v in model.state_dict().items()},
                                 str(weights))
-    out = {}
-    for target, extra in (("torch", []), ("onnx", []), ("ort", ["--optimize", "ort"])):
-        dest = folder / target
-        r = fgc("compile", f"specs/{case[0]}.fgpt", *_sets(*case), "--weights", str(weights),
-                "--target", "torch" if target == "torch" else "onnx", *extra, "-o", str(dest))
-        assert r.returncode == 0, r.stderr
-        out[target] = dest
-    return case, model, out
-
-
-def _module(folder):
-    spec = importlib.util.spec_from_file_location(f"fgc_{folder.parent.name}",
-                                                  folder / "model.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    model = module.build().eval()
-    model.load_state_dict(safetensors_torch.load_file(str(folder / "weights.safetensors")))
-    return model
-
-
-def _tokens(V: int, T: int, B: int = 2) -> torch.Tensor:
-    return torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(T))
+    return case, model, compile_targets(case[0], _sets(*case), weights, folder)
 
 
 def test_probabilities_equal_transformers(compiled):
     case, ref, out = compiled
-    V, n = case[5], case[6]
-    model = _module(out["torch"])
-    for T in (n, 5):
-        x = _tokens(V, T)
-        with torch.no_grad():
-            want = torch.softmax(ref(x).logits, -1)
-            got = model(x)
-        assert float((got - want).abs().max()) <= TOL
-        for target in ("onnx", "ort"):
-            session = ort.InferenceSession(str(out[target] / "model.onnx"),
-                                           providers=["CPUExecutionProvider"])
-            name = session.get_inputs()[0].name
-            probs = session.run(None, {name: x.numpy()})[0]
-            assert float(np.abs(probs - want.numpy()).max()) <= TOL, target
+    assert_probabilities(ref, out, V=case[5], lengths=(case[6], 5))
 
 
 def test_greedy_generation_equals_transformers(compiled):
     case, ref, out = compiled
-    V = case[5]
-    model = _module(out["torch"])
-    prompt = _tokens(V, 4)
-    with torch.no_grad():
-        want = ref.generate(prompt, max_new_tokens=12, do_sample=False, pad_token_id=0,
-                            attention_mask=torch.ones_like(prompt))
-        ids = prompt
-        logits, past = model.step(prompt)
-        for _ in range(12):  # past Mistral's window
-            nxt = logits[:, -1].argmax(-1, keepdim=True)
-            ids = torch.cat([ids, nxt], 1)
-            logits, past = model.step(nxt, past=past)
-    assert torch.equal(ids, want)
+    assert_greedy(ref, out, V=case[5], new=12)  # past Mistral's window
 
 
 def test_the_cache_of_grouped_query_attention(compiled):
     """step()'s cache holds each layer's keys and values, of the G key/value heads."""
     case, _, out = compiled
-    model = _module(out["torch"])
+    model = module(out["torch"])
     with torch.no_grad():
-        _, past = model.step(_tokens(case[5], 3))
+        _, past = model.step(tokens(case[5], 3))
     assert len(past) == 2  # one attention per layer
     keys, values = past[0]
     G, D = case[3], case[1] // case[2]

@@ -14,18 +14,14 @@ reads G = A only; a grouped-query file is refused with an error, not read wrongl
 
 from __future__ import annotations
 
-import json
-
-import numpy as np
 import pytest
 from conftest import fgc, peaked_weights
-from test_llama import _module, _tokens
+from hf_parity import assert_greedy, assert_preset_count, assert_probabilities, compile_targets
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 ort = pytest.importorskip("onnxruntime")
 
-TOL = 1e-5
 
 # ---------------------------------------------------------------- the released sizes
 
@@ -59,14 +55,7 @@ RELEASED = {
 @pytest.mark.parametrize("spec,preset", sorted(RELEASED), ids=[f"{s}-{p}" for s, p in
                                                                sorted(RELEASED)])
 def test_preset_count_equals_transformers(spec, preset):
-    family, config = RELEASED[(spec, preset)]
-    cls = getattr(transformers, f"{family}ForCausalLM")
-    with torch.device("meta"):
-        model = cls(getattr(transformers, f"{family}Config")(**config))
-    want = sum(p.numel() for p in model.parameters())
-    r = fgc("params", f"specs/{spec}.fgpt", "--preset", preset, "--format", "json")
-    assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)["total"] == want
+    assert_preset_count(spec, preset, *RELEASED[(spec, preset)])
 
 
 # ---------------------------------------------------------------- tiny models, weights
@@ -121,51 +110,17 @@ def compiled(request, tmp_path_factory):
     # save_pretrained writes the released names (GPT-NeoX's head as embed_out.weight)
     model.save_pretrained(str(folder / "hf"))
     weights = folder / "hf" / "model.safetensors"
-    out = {}
-    for target, extra in (("torch", []), ("onnx", []), ("ort", ["--optimize", "ort"])):
-        dest = folder / target
-        r = fgc("compile", f"specs/{case[0]}.fgpt", *_sets(*case), "--weights", str(weights),
-                "--target", "torch" if target == "torch" else "onnx", *extra, "-o", str(dest))
-        assert r.returncode == 0, r.stderr
-        assert "not used" not in r.stdout + r.stderr  # every tensor mapped or ignored
-        out[target] = dest
-    return case, model, out
+    return case, model, compile_targets(case[0], _sets(*case), weights, folder)
 
 
 def test_probabilities_equal_transformers(compiled):
     case, ref, out = compiled
-    V = case[4]
-    model = _module(out["torch"])
-    sessions = {target: ort.InferenceSession(str(out[target] / "model.onnx"),
-                                             providers=["CPUExecutionProvider"])
-                for target in ("onnx", "ort")}
-    for T in (N, 5):
-        x = _tokens(V, T)
-        with torch.no_grad():
-            want = torch.softmax(ref(x).logits, -1)
-            got = model(x)
-        assert float((got - want).abs().max()) <= TOL
-        for target, session in sessions.items():
-            name = session.get_inputs()[0].name
-            probs = session.run(None, {name: x.numpy()})[0]
-            assert float(np.abs(probs - want.numpy()).max()) <= TOL, target
+    assert_probabilities(ref, out, V=case[4], lengths=(N, 5))
 
 
 def test_greedy_generation_equals_transformers(compiled):
     case, ref, out = compiled
-    V = case[4]
-    model = _module(out["torch"])
-    prompt = _tokens(V, 4)
-    with torch.no_grad():
-        want = ref.generate(prompt, max_new_tokens=10, do_sample=False, pad_token_id=0,
-                            attention_mask=torch.ones_like(prompt))
-        ids = prompt
-        logits, past = model.step(prompt)
-        for _ in range(10):  # past the window of 5
-            nxt = logits[:, -1].argmax(-1, keepdim=True)
-            ids = torch.cat([ids, nxt], 1)
-            logits, past = model.step(nxt, past=past)
-    assert torch.equal(ids, want)
+    assert_greedy(ref, out, V=case[4], new=10)
 
 
 def test_phi3_grouped_query_file_is_refused(tmp_path):

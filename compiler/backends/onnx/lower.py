@@ -1375,9 +1375,7 @@ def _layer_norm(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
     if (v := _skip_norm(lw, x, "LayerNormalization", [gamma, beta], eps, path)) is not None:
         return [v]
     out = lw.g.op("LayerNormalization", [x.name, gamma, beta], path, axis=-1, epsilon=eps)
-    v = V("real", x.roles, x.own, name=out, fam=x.fam)
-    lw.info(out, v)
-    return [v]
+    return [_like(lw, x, out)]
 
 
 def _rms_norm(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
@@ -1403,9 +1401,14 @@ def _rms_norm(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
         scale = lw.g.op("Add", [lw.g.const(i.offset, "real"), scale], f"{path}/scale")
     out = lw.g.op("RMSNormalization", [x.name, scale], path, axis=-1, epsilon=eps,
                   stash_type=1)
+    return [_like(lw, x, out)]
+
+
+def _like(lw: Lowerer, x: V, out: str) -> V:
+    """A real tensor laid out as `x` (a fused op that keeps its operand's shape)."""
     v = V("real", x.roles, x.own, name=out, fam=x.fam)
     lw.info(out, v)
-    return [v]
+    return v
 
 
 def _silu(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
@@ -1414,9 +1417,7 @@ def _silu(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
         return None
     x = lw.as_real(lw.canonical(ins[0]))
     out = lw.g.op("Swish", [x.name], callee.path)
-    v = V("real", x.roles, x.own, name=out, fam=x.fam)
-    lw.info(out, v)
-    return [v]
+    return [_like(lw, x, out)]
 
 
 def _ort_silu(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
@@ -1424,9 +1425,7 @@ def _ort_silu(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
     x * Sigmoid(x) makes)."""
     x = lw.as_real(lw.canonical(ins[0]))
     out = lw.g.op("QuickGelu", [x.name], callee.path, domain=ORT_DOMAIN, alpha=1.0)
-    v = V("real", x.roles, x.own, name=out, fam=x.fam)
-    lw.info(out, v)
-    return [v]
+    return [_like(lw, x, out)]
 
 
 def _gelu(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
@@ -1434,9 +1433,7 @@ def _gelu(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
         return None
     x = lw.as_real(lw.canonical(ins[0]))
     out = lw.g.op("Gelu", [x.name], callee.path, approximate=intrinsic(callee.fn).approximate)
-    v = V("real", x.roles, x.own, name=out, fam=x.fam)
-    lw.info(out, v)
-    return [v]
+    return [_like(lw, x, out)]
 
 
 def _ort_gelu(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
@@ -1454,9 +1451,7 @@ def _ort_gelu(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
     if op == "BiasGelu" and len(args) == 1:
         op = "Gelu"
     out = lw.g.op(op, args, callee.path, domain=ORT_DOMAIN)
-    v = V("real", x.roles, x.own, name=out, fam=x.fam)
-    lw.info(out, v)
-    return [v]
+    return [_like(lw, x, out)]
 
 
 def _concat_heads(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):

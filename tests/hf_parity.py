@@ -1,0 +1,97 @@
+"""What the tests of released decoder specs against transformers share (test_llama.py,
+test_qwen_gemma.py, test_phi3_neox.py): a tiny transformers model's weights compiled to
+every target through `--weights`, then its probabilities and its greedy generation."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+from conftest import fgc
+
+TOL = 1e-5
+TARGETS = (("torch", ["--target", "torch"]), ("onnx", ["--target", "onnx"]),
+           ("ort", ["--target", "onnx", "--optimize", "ort"]))
+
+
+def compile_targets(spec: str, sets: list[str], weights: Path, folder: Path) -> dict:
+    """`fgc compile` of specs/<spec>.fgpt with the file's weights, to each target; every
+    tensor of the file is used or ignored by the spec's checkpoint block."""
+    out = {}
+    for target, args in TARGETS:
+        dest = folder / target
+        r = fgc("compile", f"specs/{spec}.fgpt", *sets, "--weights", str(weights), *args,
+                "-o", str(dest))
+        assert r.returncode == 0, r.stderr
+        assert "not used" not in r.stdout + r.stderr
+        out[target] = dest
+    return out
+
+
+def module(folder: Path):
+    """build() of a compiled model.py, with its weights.safetensors."""
+    from safetensors.torch import load_file
+    spec = importlib.util.spec_from_file_location(f"fgc_{folder.parent.name}",
+                                                  folder / "model.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    model = mod.build().eval()
+    model.load_state_dict(load_file(str(folder / "weights.safetensors")))
+    return model
+
+
+def tokens(V: int, T: int, B: int = 2):
+    import torch
+    return torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(T))
+
+
+def assert_probabilities(ref, out: dict, V: int, lengths) -> None:
+    """The torch module and both ONNX graphs give transformers' probabilities."""
+    import onnxruntime as ort
+    import torch
+    model = module(out["torch"])
+    sessions = {t: ort.InferenceSession(str(out[t] / "model.onnx"),
+                                        providers=["CPUExecutionProvider"])
+                for t in ("onnx", "ort")}
+    for T in lengths:
+        x = tokens(V, T)
+        with torch.no_grad():
+            want = torch.softmax(ref(x).logits, -1)
+            got = model(x)
+        assert float((got - want).abs().max()) <= TOL
+        for target, session in sessions.items():
+            probs = session.run(None, {session.get_inputs()[0].name: x.numpy()})[0]
+            assert float(np.abs(probs - want.numpy()).max()) <= TOL, target
+
+
+def assert_greedy(ref, out: dict, V: int, new: int) -> None:
+    """Greedy generation through step() and its cache gives transformers' generate ids."""
+    import torch
+    model = module(out["torch"])
+    prompt = tokens(V, 4)
+    with torch.no_grad():
+        want = ref.generate(prompt, max_new_tokens=new, do_sample=False, pad_token_id=0,
+                            attention_mask=torch.ones_like(prompt))
+        ids = prompt
+        logits, past = model.step(prompt)
+        for _ in range(new):
+            nxt = logits[:, -1].argmax(-1, keepdim=True)
+            ids = torch.cat([ids, nxt], 1)
+            logits, past = model.step(nxt, past=past)
+    assert torch.equal(ids, want)
+
+
+def assert_preset_count(spec: str, preset: str, family: str, config: dict) -> None:
+    """`fgc params --preset` equals transformers' <family>ForCausalLM on the meta device
+    (parameters(): tied ones once)."""
+    import torch
+    import transformers
+    cls = getattr(transformers, f"{family}ForCausalLM")
+    with torch.device("meta"):
+        model = cls(getattr(transformers, f"{family}Config")(**config))
+    want = sum(p.numel() for p in model.parameters())
+    r = fgc("params", f"specs/{spec}.fgpt", "--preset", preset, "--format", "json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["total"] == want
