@@ -1103,9 +1103,6 @@ class _Body:
             raise Poisoned()
         size = family.type.family if family is not None else param.type.family
         if self.family is not None and sub == self.family.var:
-            if not self.hypers.same(size, self.family.size):
-                raise FgcError(f"`{name}`: the family has {format_poly(size)} members but "
-                               f"{sub} runs over 1..{format_poly(self.family.size)}", span)
             index: str | Poly = sub
         elif sub.isdigit():
             index = Poly.const(int(sub))
@@ -1135,40 +1132,23 @@ class _Body:
             raise FgcError(f"`{name}`: a member's index is a whole number", e.index.span)
         var = self.family.var if self.family is not None else None
         if var is not None and index == Poly.sym(var):
-            size = family.type.family if family is not None else param.type.family
-            if not self.hypers.same(size, self.family.size):
-                raise FgcError(f"`{name}`: the family has {format_poly(size)} members but "
-                               f"{var} runs over 1..{format_poly(self.family.size)}", e.span)
             return self._pick(e.family, family, param, var, name, e.span)
-        if var is not None and var in index.symbols():
-            if param is not None:
-                raise FgcError(f"`{name}`: a parameter family's member is read by the member "
-                               "index itself or a number", e.span,
-                               "read it through a value family (`k_j = X @ W_j for j in "
-                               "1..G`), then pick its members with `k_{...}`")
-            self._index_map(index, family.type.family, name, e.span)
+        if var is not None and var in index.symbols() and param is not None:
+            raise FgcError(f"`{name}`: a parameter family's member is read by the member "
+                           "index itself or a number", e.span,
+                           "read it through a value family (`k_j = X @ W_j for j in "
+                           "1..G`), then pick its members with `k_{...}`")
+        # an index map (`k_{floor((i - 1) * G / A) + 1}`) is checked at each configuration,
+        # through every module use: lowering.families.index_maps
         return self._pick(e.family, family, param, index, name, e.span)
-
-    def _index_map(self, index: Poly, size: Poly, name: str, span: Span) -> None:
-        """Every member `for i in 1..A` reads exists: 1 <= index(i) <= size, checked at
-        each i where the sizes are numbers and at i = 1 and i = A (an index that grows with
-        i) otherwise."""
-        var, count = self.family.var, self.family.size
-        if count.is_const() and size.is_const() and not (index.symbols() - {var}):
-            for i in range(1, int(count.const_value()) + 1):
-                k = index.subs({var: Poly.const(i)})
-                if not k.is_const() or not 1 <= k.const_value() <= size.const_value():
-                    raise FgcError(f"`{name}`: member {i} reads member {format_poly(k)} of "
-                                   f"a family of {format_poly(size)}", span,
-                                   f"the index must lie in 1..{format_poly(size)} for every "
-                                   f"{var} in 1..{format_poly(count)}")
-            return
-        self._require("not negative", index.subs({var: Poly.const(1)}) - 1)
-        self._require("not negative", size - index.subs({var: count}))
 
     def _pick(self, base: str, family, param, index: str | Poly, name: str,
               span: Span) -> Ref:
+        """Member `index` of a family: the member index itself (a str), a number or a size."""
         size = family.type.family if family is not None else param.type.family
+        if isinstance(index, str) and not self.hypers.same(size, self.family.size):
+            raise FgcError(f"`{name}`: the family has {format_poly(size)} members but "
+                           f"{index} runs over 1..{format_poly(self.family.size)}", span)
         if isinstance(index, Poly) and index.is_const() and size.is_const():
             k = index.const_value()
             if not 1 <= k <= size.const_value():

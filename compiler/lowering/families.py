@@ -15,7 +15,7 @@ from ..elaborate.intrinsics import is_kind
 from ..elaborate.ir import Eqn, Loop
 from ..elaborate.symbolic import Poly
 from ..errors import Diagnostic
-from ..passes.families import grouped
+from ..passes.families import grouped, maps
 
 # operations the lowering introduces; each backend's op table has an entry for each
 LOWERED_OPS = {
@@ -82,7 +82,7 @@ def _gathered(e: Eqn, types: dict[str, ir.TensorType]) -> list[Eqn]:
     made: list[Eqn] = []
     ins = []
     for o in e.ins:
-        t = types.get(o.name) if _maps(o, var) else None
+        t = types.get(o.name) if maps(o, var) else None
         if t is None:
             ins.append(o)
             continue
@@ -113,13 +113,6 @@ def _grouped(e: Eqn, types: dict[str, ir.TensorType], functions: dict[str, ir.Fu
     ins[1] = ir.Operand(name=e.ins[1].name, whole_family=True)
     ins[2] = ir.Operand(name=e.ins[2].name, whole_family=True)
     return e.model_copy(update={"ins": ins, "attrs": {**e.attrs, "groups": index}})
-
-
-def _maps(o: ir.Operand, var: str) -> bool:
-    """A member of a family chosen by an expression in the member index `var` (not `var`
-    itself)."""
-    return o.name is not None and isinstance(o.member, Poly) and \
-        var in o.member.symbols() and o.member != Poly.sym(var)
 
 
 def _members(e: Eqn) -> Eqn | None:
@@ -202,7 +195,7 @@ def index_maps(model: ir.Model, functions: dict[str, ir.Function], values: dict,
                     f"{size} key/value groups", e.span,
                     "the number of key/value heads must divide the number of query heads"))
             for o in e.ins:
-                t = types.get(o.name) if _maps(o, var) else None
+                t = types.get(o.name) if maps(o, var) else None
                 if t is None or not count.is_const() or not t.family.subs(env).is_const():
                     continue
                 size = t.family.subs(env).const_value()

@@ -44,11 +44,16 @@ def grouped(e: Eqn, family_size) -> Poly | None:
         return None
     var = e.family[0]
     k, v = e.ins[1], e.ins[2]
-    for o in (k, v):
-        if o.name is None or not isinstance(o.member, Poly) or var not in o.member.symbols() \
-                or o.member == Poly.sym(var):
-            return None
+    if not (maps(k, var) and maps(v, var)):
+        return None
     size = family_size(k.name)
     if k.member != v.member or size is None or size != family_size(v.name):
         return None
     return k.member
+
+
+def maps(o: ir.Operand, var: str) -> bool:
+    """Whether `o` is a member of a family chosen by an expression in the member index
+    `var` (`k_{floor((i - 1) * G / A) + 1}`), not `var` itself."""
+    return o.name is not None and isinstance(o.member, Poly) and \
+        var in o.member.symbols() and o.member != Poly.sym(var)

@@ -598,11 +598,13 @@ class Lowerer:
             out.append(val)
         return out[0], out[1]
 
-    def gather_members(self, x: V, e: Eqn, index: Poly, scope: Scope, label: str
-                       ) -> tuple[str, tuple]:
-        """Family `x` regrouped for e's family: member i is x's member index(i) (one
-        Gather along x's family axis; the sizes are numbers here). The tensor, and its
-        roles in order, e's family role in place of x's."""
+    def gather_members(self, x: V, e: Eqn, index: Poly, scope: Scope, label: str) -> V:
+        """Family `x` regrouped for e's family (`scope` is e's): member i is x's member
+        index(i), one Gather along x's family axis (the sizes are numbers here), e's
+        family role in place of x's."""
+        x = self.canonical(x)
+        if x.fam is None:
+            raise Unsupported(f"`{e.ins[0].name}` is not a family here")
         role = self.family_role(e, scope)
         var, size = e.family
         picks = [_int(self.ev(index.subs({var: Poly.const(i)}), scope.penv)) - 1
@@ -615,7 +617,9 @@ class Lowerer:
             perm = [roles.index(r) for r in ordered] + list(range(len(roles),
                                                                   len(roles) + len(x.own)))
             out = self.g.op("Transpose", [out], f"{label}/order", perm=perm)
-        return out, ordered
+        v = V(x.dtype, ordered, x.own, name=out, offset=x.offset, fam=role)
+        self.info(out, v)
+        return v
 
     def causal_table(self, rows: Poly, cols: Poly, label: str, window: Poly | None = None
                      ) -> V:
@@ -1284,12 +1288,8 @@ def _members(lw: Lowerer, e: Eqn, ins: list[V], scope: Scope) -> V:
 def _gather_members(lw: Lowerer, e: Eqn, ins: list[V], scope: Scope) -> V:
     """Member i of the result is member index(i) of the operand family: one Gather along
     its family axis with the members each i reads (the sizes are numbers here)."""
-    x = lw.canonical(ins[0])
-    if x.fam is None:
-        raise Unsupported(f"`{e.ins[0].name}` is not a family here")
-    out, roles = lw.gather_members(x, e, e.attrs["index"], scope, _label(e, scope, "members"))
-    return _out(lw, e, scope, roles, x.dtype, out, offset=x.offset,
-                fam=lw.family_role(e, scope))
+    v = lw.gather_members(ins[0], e, e.attrs["index"], scope, _label(e, scope, "members"))
+    return _out(lw, e, scope, v.roles, v.dtype, v.name, offset=v.offset, fam=v.fam)
 
 
 def _mask(lw: Lowerer, e: Eqn, ins: list[V], scope: Scope) -> V:
@@ -1361,9 +1361,7 @@ def _skip_norm(lw: Lowerer, x: V, op: str, params: list[str], eps: float, path: 
     out = lw.g.fresh(path)
     lw.g.replace(x.name, Node(f"Skip{op}", [a, b, *params], [out, "", "", x.name], out,
                               lw.g.doc, ORT_DOMAIN, {"epsilon": eps}))
-    v = V("real", x.roles, x.own, name=out, fam=x.fam)
-    lw.info(out, v)
-    return v
+    return _like(lw, x, out)
 
 
 def _layer_norm(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
@@ -1476,8 +1474,8 @@ def _attention(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
     if cached:  # the incremental form: keys of the earlier positions too
         k, v = lw.extend_cache(callee.path, k, v)
     if e.attrs.get("groups") is not None:  # grouped-query: each query head's key and value
-        k, v = (_regrouped(lw, callee, x, e, f"{callee.path}/{what}")
-                for x, what in ((k, "K"), (v, "V")))
+        k, v = (lw.gather_members(x, e, e.attrs["groups"], callee.caller,
+                                  f"{callee.path}/{what}") for x, what in ((k, "K"), (v, "V")))
     if kind is not None and kind.window:  # a band of the keys, aligned to their end
         mask = lw.causal_table(q.own[0], k.own[0], f"{callee.path}/Mask^ST", window=mask.lazy)
         kind = None
@@ -1517,15 +1515,6 @@ def _attention(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
     res = V("real", q.roles, out_own, packed=out, fam=q.fam)
     lw.info(out, res, packed=True)
     return [res]
-
-
-def _regrouped(lw: Lowerer, callee: Scope, x: V, e: Eqn, label: str) -> V:
-    """Keys or values of G heads as the A query heads read them (`groups`)."""
-    x = lw.canonical(x)
-    out, roles = lw.gather_members(x, e, e.attrs["groups"], callee.caller, label)
-    v = V(x.dtype, roles, x.own, name=out, fam=lw.family_role(e, callee.caller))
-    lw.info(out, v)
-    return v
 
 
 def _attention_equations(lw: Lowerer, callee: Scope, q: V, k: V, v: V, mask: V | None,

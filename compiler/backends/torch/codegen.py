@@ -1086,6 +1086,12 @@ def _no_value(fn: ir.Function, name: str) -> bool:
     return kind is not None and not kind.valued
 
 
+def _width(fn: ir.Function, name: str) -> bool:
+    """Whether input `name` of `fn` takes a window by meaning: its value is the width."""
+    kind = kind_of_input(fn, name)
+    return kind is not None and kind.window
+
+
 def _sdpa(b: Body, fn: ir.Function, inputs: list[str]) -> list[Line]:
     """Scaled dot-product attention, with the mask the lowering decided the calls pass:
     causal runs as is_causal=True, none as no mask, a bias (plus causal) as attn_mask; a
@@ -1579,8 +1585,7 @@ class Generator:
             return [_flatten_family(ins[0].expr, ins[0].layout.rank)]
         inst = e.attrs["instance"]
         target = dotted(b.self_attr.get(inst) or f"self.{ident(inst)}")
-        args = [v.expr if kind_of_input(fn, inp.name) is not None and
-                not kind_of_input(fn, inp.name).bias  # a window's width: a number
+        args = [v.expr if _width(fn, inp.name)  # a window's width: a number, as it is
                 else self._argument(b, e, v, inp.type.dtype == "real")
                 for v, inp in zip(ins, fn.inputs)
                 if not _no_value(fn, inp.name)]  # a mask by meaning alone: nothing to pass
