@@ -22,8 +22,11 @@ from .elaborate.elaborator import (
     Hypers,
     ModelElaborator,
     Statics,
+    _cond_text,
+    _eval_condition,
     _names_in,
     _show_expr,
+    _Undecided,
 )
 from .elaborate.symbolic import Poly, format_int, format_poly, human
 from .errors import Diagnostic, FgcError, Sources, Span
@@ -351,8 +354,26 @@ class Spec:
             elif c <= 0:
                 diags.append(Diagnostic("error", f"{name} = {c} sizes a tensor but is not "
                                         f"positive ({label})", span))
+        if not diags:
+            diags = self._check_conditions(hypers, label)
         if diags:
             raise FgcError.many(diags)
+
+    def _check_conditions(self, hypers: Hypers, label: str) -> list[Diagnostic]:
+        """The model's `expect` conditions on sizes, each at this configuration's values."""
+        out = []
+        for c in self.model.conditions:
+            try:
+                holds = _eval_condition(c.cond, hypers.values, None)
+            except _Undecided:
+                holds = False
+            if holds:
+                continue
+            names = sorted(_names(c.cond) & hypers.values.keys())
+            given = ", ".join(f"{k} = {_show(hypers.values[k])}" for k in names)
+            out.append(Diagnostic("error", f"`{_cond_text(c.cond)}` does not hold ({label})",
+                                  c.span, f"here {given}" if given else None))
+        return out
 
     def _symbolic_config(self) -> Config:
         hypers = self.symbolic_hypers(self.model)

@@ -3,10 +3,14 @@
 The block is data: for each spec parameter, the checkpoint tensor it comes from and the
 steps that reshape it: `transpose`; `split(axis, parts, index)`; `heads(axis)`, which cuts
 an axis of size A·D into the family's A members; `take(axis, index)`, one slice with the axis
-dropped; `flatten(axis)`, which joins an axis and the next. Axes and indices are 1-based; `{l}` in a
-name is the checkpoint's own 0-based layer number. Without a block, the file holds the
-compiled module's own names. Works on numpy arrays: importing weights for the ONNX backend
-must not import torch.
+dropped; `flatten(axis)`, which joins an axis and the next. Axes and indices are 1-based;
+`{l}` in a name is the checkpoint's own 0-based layer number, and a family's index (`{e}`
+for `W_e^gate`) its 0-based member, one tensor per member stacked as the family. A name is
+found as written or behind the block's `prefix` (transformers' `model.`: a *ForCausalLM
+state dict has it, a bare model's or a re-saved one has not, and the head outside the base
+model never has it); a file holding both, or neither, is refused, naming the tensor.
+Without a block, the file holds the compiled module's own names. Works on numpy arrays:
+importing weights for the ONNX backend must not import torch.
 
 The file is read lazily: its header lists every tensor (name, dtype, shape, where its bytes
 lie), and only the tensors the spec uses are read, each with `pread` from one descriptor of
@@ -17,6 +21,8 @@ scanned for NaN and Inf as it is converted (`Imported.nonfinite`, `nonfinite_mes
 
 from __future__ import annotations
 
+import contextlib
+import difflib
 import json
 import os
 from dataclasses import dataclass, field
@@ -27,6 +33,8 @@ import numpy as np
 from runtime.files import FileError, open_atomic, open_regular
 
 from .elaborate import ir
+from .elaborate.elaborator import Statics
+from .elaborate.symbolic import Poly
 from .errors import Diagnostic, FgcError, Span
 from .names import family_layout, ident, layers_attr
 from .passes.params import Entry, as_int
@@ -280,8 +288,26 @@ def _expected(entry: Entry) -> tuple[int, ...]:
     return tuple(dims)
 
 
-def _apply(step: S.CkptStep, x: np.ndarray, family: int | None, source: str) -> np.ndarray:
+def _apply(step: S.CkptStep, x: np.ndarray, family: int | None, source: str,
+           size=None) -> np.ndarray:
+    """One step on a tensor (or on a stand-in of its shape); `size` evaluates a size
+    expression at this configuration (`slice`'s ends)."""
     args = step.args
+    if step.name == "slice":
+        if len(args) != 2 or not isinstance(args[0], int) or \
+                not isinstance(args[1], S.RangeSlice) or size is None:
+            raise FgcError("slice takes (axis, first .. last), 1-based and inclusive; the "
+                           "ends may be size expressions: slice(1, A * D + 1 .. (A + G) * D)",
+                           step.span)
+        axis = args[0] - 1
+        lo, hi = size(args[1].lo), size(args[1].hi)
+        if not (0 <= axis < x.ndim) or not (1 <= lo <= hi <= x.shape[axis]):
+            raise FgcError(f"cannot take entries {lo} .. {hi} of axis {args[0]} of {source} "
+                           f"{list(x.shape)}", step.span)
+        return x[(slice(None),) * axis + (slice(lo - 1, hi),)]
+    if any(not isinstance(a, int) for a in args):
+        raise FgcError(f"`{step.name}` takes numbers (axes, counts, indices); only `slice` "
+                       "takes size expressions", step.span)
     if step.name in ("transpose", "T"):
         if x.ndim < 2:
             raise FgcError(f"`{step.name}` needs a matrix; {source} has shape {list(x.shape)}",
@@ -330,7 +356,7 @@ def _apply(step: S.CkptStep, x: np.ndarray, family: int | None, source: str) -> 
         return x.reshape(shape)
     raise FgcError(f"unknown step `{step.name}`", step.span,
                    "steps are transpose, split(axis, parts, index), heads(axis), "
-                   "take(axis, index) and flatten(axis)")
+                   "take(axis, index), flatten(axis) and slice(axis, first .. last)")
 
 
 def import_checkpoint(cfg, checkpoint: S.Checkpoint | None, path: str,
@@ -350,16 +376,92 @@ def _import(cfg, checkpoint: S.Checkpoint | None, ckpt: Checkpoint, path: str,
     scanned: set[str] = set()
     errors: list[Diagnostic] = []
     used: set[str] = set()
+    # (tensor, axis) -> the ranges `slice` reads of it: together they must cover the axis
+    read_parts: dict[tuple[str, int], list[tuple[int, int, Span | None]]] = {}
 
     prefixes = checkpoint.prefixes if checkpoint else []
+    statics = Statics(dict(cfg.values), path)
 
-    def lookup(name: str) -> str | None:
-        if name in raw:
-            return name
-        for p in prefixes:
-            if p + name in raw:
-                return p + name
+    def size(e: S.Expr) -> int:
+        """A size expression of a step at this configuration: a whole number."""
+        value = statics.eval(e)
+        if not (isinstance(value, Poly) and value.is_const()
+                and value.const_value().denominator == 1):
+            raise FgcError("a step's size is not a whole number at this configuration",
+                           getattr(e, "span", None))
+        return int(value.const_value())
+    missing = [0]
+
+    def lookup(name: str, spec_name: str, layer: int | None, span) -> str | None:
+        """The file's name for `name`: itself or behind one of the block's prefixes
+        (`model.` in a *ForCausalLM state dict, none in a bare model's or a re-saved one).
+        Both present, or neither, is an error naming the tensor."""
+        found = [n for n in (name, *(p + name for p in prefixes)) if n in raw]
+        if len(found) == 1:
+            return found[0]
+        where = f"(for `{spec_name}`{_at(layer)})"
+        if found:
+            errors.append(Diagnostic(
+                "error", f"{path} holds both " + " and ".join(f"`{n}`" for n in found) +
+                f" {where}: which one is meant is not clear", span,
+                "a file holds each tensor once, with the prefix or without it"))
+            return None
+        names = [name, *(p + name for p in prefixes)]
+        tried = f"no tensor `{name}`" if len(names) == 1 else \
+            "neither " + " nor ".join(f"`{n}`" for n in names)
+        missing[0] += 1
+        near = [m for n in names for m in difflib.get_close_matches(n, raw, 1, 0.75)] \
+            if missing[0] <= 8 else []  # a few hints; a wrong file misses every name
+        errors.append(Diagnostic(
+            "error", f"{path} has {tried} {where}", span,
+            f"the nearest name in the file is `{near[0]}`" if near else None))
         return None
+
+    def read(source: str, steps: list[S.CkptStep], expected: tuple[int, ...],
+             family: int | None, spec_name: str, layer: int | None, span) -> np.ndarray | None:
+        """One checkpoint tensor through its steps, checked against `expected`; None (and
+        the error noted) when it is missing or does not fit."""
+        found = lookup(source, spec_name, layer, span)
+        if found is None:
+            return None
+        used.add(found)
+        if steps and steps[0].name == "slice" and len(steps[0].args) == 2 and \
+                isinstance(steps[0].args[1], S.RangeSlice):  # which entries are read
+            with contextlib.suppress(FgcError):
+                ends = size(steps[0].args[1].lo), size(steps[0].args[1].hi)
+                read_parts.setdefault((found, steps[0].args[0]), []).append((*ends, span))
+        info = raw[found]
+        # the steps and the shape check run on the header's shape first (a stand-in
+        # of no memory), so a mismatch is reported without reading the tensor
+        x = np.broadcast_to(np.uint8(0), info.shape)
+        try:
+            for step in steps:
+                x = _apply(step, x, family, source, size)
+        except FgcError as e:
+            errors.extend(e.diagnostics)
+            return None
+        if tuple(x.shape) != expected:
+            errors.append(Diagnostic(
+                "error", f"`{source}` has shape {list(info.shape)}"
+                f"{' (after ' + ', '.join(s.name for s in steps) + ')' if steps else ''}"
+                f" = {list(x.shape)}, but `{spec_name}`{_at(layer)} is {list(expected)}",
+                span))
+            return None
+        if not info.floats:
+            errors.append(Diagnostic("error", f"`{source}` holds {info.numpy_name}, not "
+                                     "floats", span))
+            return None
+        if errors:
+            return None  # the file is refused: read nothing more
+        x = ckpt.read(found).astype(np.float32, copy=False)
+        if found not in scanned:
+            scanned.add(found)
+            nan, inf = count_nonfinite(x)
+            if nan or inf:
+                out.nonfinite.append((found, nan, inf))
+        for step in steps:
+            x = _apply(step, x, family, source, size)
+        return np.ascontiguousarray(x)
 
     rules: dict[tuple[str, bool], S.CkptMap] = {}
     if checkpoint is not None:
@@ -388,44 +490,21 @@ def _import(cfg, checkpoint: S.Checkpoint | None, ckpt: Checkpoint, path: str,
                 source = rule.source.replace("{l}", str((layer or 1) - 1))
                 steps = rule.steps
                 span = rule.span
-            found = lookup(source)
-            if found is None:
-                errors.append(Diagnostic("error", f"{path} has no tensor `{source}` (for "
-                                         f"`{spec_name}`{_at(layer)})", span))
+            var = _member_var(entry)
+            if family is not None and var is not None and f"{{{var}}}" in source:
+                # one tensor per member (`experts.{e}.w1.weight`), stacked as a family
+                member = tuple(as_int(d) for d in entry.shape)
+                xs = [read(source.replace(f"{{{var}}}", str(k)), steps, member, None,
+                           spec_name, layer, span) for k in range(family)]
+                if all(x is not None for x in xs):
+                    out.tensors[target] = np.ascontiguousarray(
+                        np.stack(xs, axis=-2 if len(member) >= 2 else 0))
                 continue
-            used.add(found)
-            info = raw[found]
-            # the steps and the shape check run on the header's shape first (a stand-in
-            # of no memory), so a mismatch is reported without reading the tensor
-            x = np.broadcast_to(np.uint8(0), info.shape)
-            try:
-                for step in steps:
-                    x = _apply(step, x, family, source)
-            except FgcError as e:
-                errors.extend(e.diagnostics)
-                continue
-            if tuple(x.shape) != expected:
-                errors.append(Diagnostic(
-                    "error", f"`{source}` has shape {list(info.shape)}"
-                    f"{' (after ' + ', '.join(s.name for s in steps) + ')' if steps else ''}"
-                    f" = {list(x.shape)}, but `{spec_name}`{_at(layer)} is {list(expected)}",
-                    span))
-                continue
-            if not info.floats:
-                errors.append(Diagnostic("error", f"`{source}` holds {info.numpy_name}, not "
-                                         "floats", span))
-                continue
-            if errors:
-                continue  # the file is refused: read nothing more
-            x = ckpt.read(found).astype(np.float32, copy=False)
-            if found not in scanned:
-                scanned.add(found)
-                nan, inf = count_nonfinite(x)
-                if nan or inf:
-                    out.nonfinite.append((found, nan, inf))
-            for step in steps:
-                x = _apply(step, x, family, source)
-            out.tensors[target] = np.ascontiguousarray(x)
+            x = read(source, steps, expected, family, spec_name, layer, span)
+            if x is not None:
+                out.tensors[target] = x
+    for (name, axis), parts in read_parts.items():
+        errors.extend(_unread(name, axis, raw[name].shape, parts))
     if errors:
         raise FgcError.many(errors)
     ignore = _ignore_patterns(checkpoint, cfg)
@@ -438,6 +517,29 @@ def _import(cfg, checkpoint: S.Checkpoint | None, ckpt: Checkpoint, path: str,
         else:
             out.extras.append(name)
     return out
+
+
+def _unread(name: str, axis: int, shape: tuple, parts: list) -> list[Diagnostic]:
+    """Entries of a tensor's axis that no `slice` reads: the file's sizes are not the
+    configuration's (a qkv_proj of G = A heads read with G = 2 would lose rows silently)."""
+    seen = np.zeros(shape[axis - 1] if 0 < axis <= len(shape) else 0, bool)
+    for lo, hi, _ in parts:
+        seen[lo - 1:hi] = True
+    if seen.all():
+        return []
+    missing = np.flatnonzero(~seen)
+    return [Diagnostic("error", f"entries {missing[0] + 1} .. {missing[-1] + 1} of axis {axis} "
+                       f"of `{name}` {list(shape)} are read by no parameter: the file's sizes "
+                       "are not this configuration's", parts[0][2],
+                       "the slices of one tensor must cover it; check the hyperparameters "
+                       "(--set) against the checkpoint's config")]
+
+
+def _member_var(entry: Entry) -> str | None:
+    """The index a parameter family is declared with (`e` of `W_e^gate`), which a
+    checkpoint name may hold as `{e}`: the member's own 0-based number."""
+    declared = entry.declared.split("^", 1)[0]
+    return declared.rsplit("_", 1)[1] if "_" in declared else None
 
 
 def _at(layer: int | None) -> str:

@@ -56,10 +56,12 @@ TINY_EXTRA = {
     "specs/qwen2.fgpt": _LLAMA,
     "specs/qwen3.fgpt": {**_LLAMA, "D": 6},
     "specs/gemma.fgpt": {**_LLAMA, "D": 6},
-    # Phi-3: multi-head (--weights reads G = A only), a window shorter than the run
+    # Phi-3: multi-head, a window shorter than the run
     "specs/phi3.fgpt": {**_LLAMA, "G": 2, "w": 3},
-    # GPT-NeoX: half of each head of 8 turns (r = D/4 would be 2)
-    "specs/gpt_neox.fgpt": {"F": 24, "r": 4},
+    # Mixtral: 3 experts, 2 chosen at each position
+    "specs/mixtral.fgpt": {**_LLAMA, "E": 3, "K": 2},
+    # GPT-NeoX: half of each head of 8 turns (R = D/4 would be 2)
+    "specs/gpt_neox.fgpt": {"F": 24, "R": 4},
 }
 
 

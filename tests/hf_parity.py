@@ -95,3 +95,17 @@ def assert_preset_count(spec: str, preset: str, family: str, config: dict) -> No
     r = fgc("params", f"specs/{spec}.fgpt", "--preset", preset, "--format", "json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["total"] == want
+
+
+def assert_presets_covered(released: dict, specs: tuple[str, ...]) -> None:
+    """Every preset of specs/<spec>.fgpt has a (spec, preset) row in `released`, the table
+    whose configs the count test builds, and every row names a preset that exists."""
+    from conftest import ROOT
+
+    from compiler.pipeline import load
+    want = {(spec, p) for spec in specs for p in load(str(ROOT / "specs" / f"{spec}.fgpt"))
+            .presets()}
+    have = {key for key in released if key[0] in specs}
+    assert want == have, f"presets without a count test: {sorted(want - have)}; " \
+                         f"rows without a preset: {sorted(have - want)}"
+

@@ -720,6 +720,19 @@ def test_family_member_out_of_range_in_a_model(tmp_path):
     assert "3" in errs[0][2]
 
 
+def test_window_longer_than_the_context(tmp_path):
+    """Mask^ST's w > n, in any spec that uses it: located at the use by `fgc check`, and
+    refused for a `--set` that makes it so."""
+    p = write(tmp_path, BASE.replace("V = 10", "V = 10, w = 6").replace("Mask^AR", "Mask^ST"))
+    errs = assert_rejected(check(p), p, line=7, col=29)
+    assert "window of w = 6" in errs[0][2] and "context of 4 positions" in errs[0][2]
+    ok = write(tmp_path, Path(p).read_text().replace("w = 6", "w = 4"), "ok.fgpt")
+    assert check(ok).returncode == 0
+    r = fgc("params", ok, "--set", "n=3", timeout=TIMEOUT)
+    no_crash(r)
+    assert r.returncode == 1 and "context of 3 positions" in r.stderr
+
+
 def test_family_defined_as_a_copy(tmp_path):
     text = ("module Two(X: R[n, H]) -> R[n, H] {\n  Two(X) = Concat(h_1, ..., h_2) @ W\n"
             "    where h_i = X for i in 1..2\n  param W: R[2 * H, H]\n}\n") + BASE.replace(

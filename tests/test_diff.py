@@ -177,7 +177,11 @@ def test_readme_shows_the_four_comparisons():
     assert pairs >= {("specs/formal/gpt.fgpt", "specs/formal/gpt2.fgpt"),
                      ("specs/formal/gpt2.fgpt", "specs/formal/gpt3.fgpt"),
                      ("specs/formal/bert.fgpt", "specs/formal/roberta.fgpt"),
-                     ("specs/formal/gpt2.fgpt", "specs/gpt2.fgpt")}
+                     ("specs/formal/gpt2.fgpt", "specs/gpt2.fgpt"),
+                     ("specs/llama.fgpt", "specs/mistral.fgpt"),
+                     ("specs/llama.fgpt", "specs/qwen2.fgpt"),
+                     ("specs/gpt2.fgpt", "specs/llama.fgpt"),
+                     ("specs/mistral.fgpt", "specs/mixtral.fgpt")}
 
 
 @pytest.mark.parametrize("command, shown", readme_sessions(), ids=lambda x: x[:60])

@@ -9,14 +9,22 @@ saved with save_pretrained, under the names a released checkpoint uses, and comp
 `fgc compile --weights`: the PyTorch module and the ONNX graph (standard and
 `--optimize ort`) give transformers' probabilities to 1e-5, and greedy generation with the
 key/value cache (`step()`) gives transformers' `generate` ids. Phi-3's checkpoint block
-reads G = A only; a grouped-query file is refused with an error, not read wrongly.
+cuts qkv_proj by row ranges of size expressions, so grouped-query files (Phi-3-medium's
+G < A) read too; a file whose sizes are not the configuration's is refused, naming the rows
+nothing reads, rather than read wrongly.
 """
 
 from __future__ import annotations
 
 import pytest
 from conftest import fgc, peaked_weights
-from hf_parity import assert_greedy, assert_preset_count, assert_probabilities, compile_targets
+from hf_parity import (
+    assert_greedy,
+    assert_preset_count,
+    assert_presets_covered,
+    assert_probabilities,
+    compile_targets,
+)
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -58,16 +66,21 @@ def test_preset_count_equals_transformers(spec, preset):
     assert_preset_count(spec, preset, *RELEASED[(spec, preset)])
 
 
+def test_every_preset_has_a_count_test():
+    assert_presets_covered(RELEASED, ("phi3", "gpt_neox"))
+
+
 # ---------------------------------------------------------------- tiny models, weights
 
 N = 16
 # (spec, H, A, F, V, extra): Phi-3 with a window of 5 over runs of 16 and one as long as
-# the run; GPT-NeoX turning half (r = 4 of D = 8) and a quarter (r = 4 of D = 16) of a head
+# the run; GPT-NeoX turning half (R = 4 of D = 8) and a quarter (R = 4 of D = 16) of a head
 CASES = [
     ("phi3", 16, 4, 24, 50, {"w": 5}),
     ("phi3", 24, 2, 40, 37, {"w": N}),
-    ("gpt_neox", 32, 4, 64, 50, {"r": 4}),
-    ("gpt_neox", 64, 4, 48, 37, {"r": 4}),
+    ("phi3", 32, 8, 40, 37, {"w": 7, "G": 2}),  # grouped, as Phi-3-medium (A = 4G)
+    ("gpt_neox", 32, 4, 64, 50, {"R": 4}),
+    ("gpt_neox", 64, 4, 48, 37, {"R": 4}),
 ]
 IDS = [f"{s}-H{H}-A{A}-" + "-".join(f"{k}{v}" for k, v in extra.items())
        for s, H, A, F, V, extra in CASES]
@@ -80,12 +93,12 @@ def _reference(spec, H, A, F, V, extra, G=None, L=2):
                   pad_token_id=None)
     if spec == "phi3":
         cls = transformers.Phi3ForCausalLM
-        config = transformers.Phi3Config(num_key_value_heads=G or A, rms_norm_eps=1e-5,
-                                         rope_theta=10000.0, sliding_window=extra["w"],
-                                         **common)
+        config = transformers.Phi3Config(num_key_value_heads=G or extra.get("G", A),
+                                         rms_norm_eps=1e-5, rope_theta=10000.0,
+                                         sliding_window=extra["w"], **common)
     else:
         cls = transformers.GPTNeoXForCausalLM
-        config = transformers.GPTNeoXConfig(rotary_pct=extra["r"] / (H // A),
+        config = transformers.GPTNeoXConfig(rotary_pct=extra["R"] / (H // A),
                                             rotary_emb_base=10000, layer_norm_eps=1e-5,
                                             use_parallel_residual=True, hidden_act="gelu",
                                             **common)
@@ -98,7 +111,7 @@ def _reference(spec, H, A, F, V, extra, G=None, L=2):
 def _sets(spec, H, A, F, V, extra, G=None, L=2) -> list[str]:
     values = dict(L=L, H=H, A=A, F=F, V=V, n=N, **extra)
     if spec == "phi3":
-        values["G"] = G or A
+        values["G"] = G or extra.get("G", A)
     return [x for k, v in values.items() for x in ("--set", f"{k}={v}")]
 
 
@@ -123,13 +136,15 @@ def test_greedy_generation_equals_transformers(compiled):
     assert_greedy(ref, out, V=case[4], new=10)
 
 
-def test_phi3_grouped_query_file_is_refused(tmp_path):
-    """qkv_proj with G != A is not three equal thirds: the checkpoint block cannot cut it,
-    and fgc says so rather than reading the wrong rows."""
+def test_phi3_file_of_other_sizes_is_refused(tmp_path):
+    """A multi-head file (qkv_proj of 3A heads' rows) read as grouped (G = 2): the slices
+    would read only its first (A + 2G) D rows; fgc names the rows nothing reads instead."""
     case = ("phi3", 16, 4, 24, 50, {"w": 5})
-    model = _reference(*case, G=2)
+    model = _reference(*case)
     model.save_pretrained(str(tmp_path / "hf"))
     r = fgc("compile", "specs/phi3.fgpt", *_sets(*case, G=2), "--weights",
             str(tmp_path / "hf" / "model.safetensors"), "-o", str(tmp_path / "out"))
-    assert r.returncode != 0
-    assert "qkv_proj" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 1, r.stderr
+    assert "entries 33 .. 48 of axis 1 of `model.layers.0.self_attn.qkv_proj.weight`" \
+        in r.stderr and "phi3.fgpt:" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "out").exists()

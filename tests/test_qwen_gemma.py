@@ -14,7 +14,13 @@ from __future__ import annotations
 
 import pytest
 from conftest import peaked_weights
-from hf_parity import assert_greedy, assert_preset_count, assert_probabilities, compile_targets
+from hf_parity import (
+    assert_greedy,
+    assert_preset_count,
+    assert_presets_covered,
+    assert_probabilities,
+    compile_targets,
+)
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -42,6 +48,10 @@ RELEASED = {
                                     num_attention_heads=32, num_key_value_heads=8, head_dim=128,
                                     intermediate_size=9728, vocab_size=151936,
                                     tie_word_embeddings=True)),
+    ("qwen3", "0.6b"): ("Qwen3", dict(num_hidden_layers=28, hidden_size=1024,
+                                      num_attention_heads=16, num_key_value_heads=8,
+                                      head_dim=128, intermediate_size=3072,
+                                      vocab_size=151936, tie_word_embeddings=True)),
     ("gemma", "2b"): ("Gemma", dict(num_hidden_layers=18, hidden_size=2048,
                                     num_attention_heads=8, num_key_value_heads=1, head_dim=256,
                                     intermediate_size=16384, vocab_size=256000)),
@@ -55,6 +65,10 @@ RELEASED = {
                                                                sorted(RELEASED)])
 def test_preset_count_equals_transformers(spec, preset):
     assert_preset_count(spec, preset, *RELEASED[(spec, preset)])
+
+
+def test_every_preset_has_a_count_test():
+    assert_presets_covered(RELEASED, ("qwen2", "qwen3", "gemma"))
 
 
 # ---------------------------------------------------------------- tiny models, weights

@@ -1278,7 +1278,14 @@ class _Body:
             raise FgcError(f"`{e.func}` is a primitive; it takes no [hyperparameters] or label",
                            e.span)
         args, counts = [], []
-        for a in self._expand_args(e.args, e.span):
+        expanded = self._expand_args(e.args, e.span)
+        if e.func == "sum" and len(expanded) == 1 and expanded[0].op.whole_family:
+            # sum(y_1, ..., y_E): the members added together, not a sum along an axis
+            whole = expanded[0]
+            return self.emit("sum_members", [whole], whole.type.member(), e.span)
+        if e.func == "keeptopk":
+            return self._keeptopk(expanded, e.span)
+        for a in expanded:
             if isinstance(a, Ref) and a.op.whole_family:
                 if e.func != "concat":
                     raise FgcError(f"`{e.func}` cannot take a whole family", e.span)
@@ -1292,6 +1299,13 @@ class _Body:
                            f"got {len(args)}", e.span)
         if e.func == "concat":
             return self.apply("concat", args, e.span, {"counts": counts})
+        if e.func in ("floor", "ceil") and self.is_const(args[0]):
+            # of sizes, exact (a size expression); of a number, a whole number
+            c = args[0].op.const
+            if isinstance(c, Poly):
+                return self.const(Poly.apply(e.func, c))
+            if math.isfinite(c):
+                return self.const(Poly.const((math.floor if e.func == "floor" else math.ceil)(c)))
         if all(self.is_const(a) for a in args) and e.func in _FOLD:
             try:
                 return self.const(_FOLD[e.func](*[_to_float(a.op.const) for a in args]))
@@ -1301,6 +1315,30 @@ class _Body:
         if e.func in _FOLD and self._folds_in_presets(args):
             self._constant_in_presets.add(out.op.name)
         return out
+
+    def _keeptopk(self, args: list[Ref], span: Span) -> Ref:
+        """keeptopk(X, k): k is a size, a whole number from 1 to the last axis's length
+        (checked per configuration where it is a hyperparameter)."""
+        if len(args) != 2 or not self.is_const(args[1]) or \
+                not isinstance(args[1].op.const, Poly):
+            raise FgcError("keeptopk takes a real tensor and how many entries to keep, a size "
+                           "such as `K` or `2`: keeptopk(X, K)", span)
+        x, k = args
+        if x.op.whole_family:
+            raise FgcError("`keeptopk` cannot take a whole family", span)
+        k_size, axis = k.op.const, x.type.shape[-1] if x.type.shape else None
+        if isinstance(axis, Poly):
+            left = axis - k_size
+            if k_size.is_const() and left.is_const():  # numbers: K > E is this config's error
+                if not (k_size.const_value().denominator == 1 and 1 <= k_size.const_value()
+                        and left.const_value() >= 0):
+                    raise FgcError(f"keeptopk keeps {format_poly(k_size)} of "
+                                   f"{format_poly(axis)} entries", span,
+                                   f"keep a whole number from 1 to {format_poly(axis)}")
+            else:
+                self._require("a size", k_size)
+                self._require("not negative", left)
+        return self.apply("keeptopk", [x], span, {"k": k.op.const})
 
     def _expand_args(self, args: list[S.Expr], span: Span) -> list[Ref]:
         """Elaborate call arguments; `x_1, ..., x_N` becomes one whole-family argument."""

@@ -34,17 +34,27 @@ BY_MEANING = frozenset({NO_MASK, CAUSAL, WINDOW})
 class Intrinsic:
     name: str  # the standard-library module
     kind: str  # attention | mask | layer_norm | rms_norm | softmax | gelu | silu | onehot | concat
+    # | moe | ...
+    #            | rotary
     mask: str | None = None  # masks: one of NO_MASK, CAUSAL, STRICT_CAUSAL, WINDOW
     approximate: str | None = None  # gelu: tanh | none (erf)
     offset: float = 0.0  # rms_norm: the scale is offset + gamma (Gemma stores it from 1)
     params: tuple[str, ...] = ()  # the parameters the fused form reads, by name
     mask_input: str | None = None  # the input that takes a mask (attention)
+    scale: float | None = None  # attention: the factor of the scores (None: 1/sqrt(d))
     width: str | None = None  # window masks: the hyperparameter that is the window's width
     positionwise: bool = False  # acts on each position alone (the incremental analysis)
+    # rotary positions: the hyperparameter that is how many leading features turn (None: all
+    # of them), whether features 2k-1 and 2k turn together (else k and k + d/2, "rotate
+    # half"), and how the frequencies are scaled (a key of SCALINGS)
+    rotated: str | None = None
+    interleaved: bool = False
+    scaling: str = "none"
 
 
 INTRINSICS: dict[str, Intrinsic] = {i.name: i for i in (
     Intrinsic("Attention", "attention", mask_input="Mask"),
+    Intrinsic("Attention^unscaled", "attention", mask_input="Mask", scale=1.0),
     Intrinsic("Mask^BD", "mask", mask=NO_MASK),
     Intrinsic("Mask^AR", "mask", mask=CAUSAL),
     Intrinsic("Mask^AR_next", "mask", mask=CAUSAL),
@@ -58,8 +68,24 @@ INTRINSICS: dict[str, Intrinsic] = {i.name: i for i in (
     Intrinsic("GELU^erf", "gelu", approximate="none"),
     Intrinsic("SiLU", "silu"),
     Intrinsic("OneHot", "onehot", positionwise=True),
+    Intrinsic("OneHot^mat", "onehot", positionwise=True),
     Intrinsic("Concat", "concat"),
+    Intrinsic("MoE", "moe", params=("W^router", "W^gate", "W^up", "W^down"),
+              positionwise=True),
+    Intrinsic("RoPE", "rotary"),
+    Intrinsic("RoPE^partial", "rotary", rotated="r"),
+    Intrinsic("RoPE^interleaved", "rotary", interleaved=True),
+    Intrinsic("RoPE^linear", "rotary", scaling="linear"),
+    Intrinsic("RoPE^llama3", "rotary", scaling="llama3"),
 )}
+
+# the rotary frequencies' scalings, each with the hyperparameters it reads, in the order the
+# fused forms take them (compiler/lowering/rotary.py says what they compute)
+SCALINGS: dict[str, tuple[str, ...]] = {
+    "none": (),
+    "linear": ("factor",),
+    "llama3": ("factor", "low", "high", "n0"),
+}
 
 KINDS = frozenset(i.kind for i in INTRINSICS.values())
 MASKS = frozenset(i.mask for i in INTRINSICS.values() if i.mask is not None)

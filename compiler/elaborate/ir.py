@@ -299,6 +299,8 @@ class Attrs(TypedDict, total=False):
     lo: Size  # lookup (lowering/lookups.py): the id of the table's first row
     index: Size  # gather_members (lowering/families.py): the member read, in the family
     # index (`floor((i - 1) * G / A) + 1` for member i)
+    k: Size  # keeptopk: how many entries of the last axis are kept
+    keep: bool  # members (lowering/families.py): the axis stays, of size 1 (`g[:, e .. e]`)
 
 
 class Eqn(_Base):

@@ -255,6 +255,16 @@ def identity_rule(dims, types, attrs, op):
     return types[0]
 
 
+def keeptopk_rule(dims, types, attrs, op):
+    """KeepTopK(v, k) of Shazeer et al. (2017): along the last axis, the k largest entries
+    kept and the others -inf (a softmax of it is zero there)."""
+    t = types[0]
+    if t.dtype != "real" or not t.shape or isinstance(t.shape[-1], Ell):
+        raise ShapeError("keeptopk keeps the largest reals along the last axis, which is not "
+                         "known here" if t.shape else "keeptopk needs reals along an axis")
+    return TensorType(dtype="real", shape=t.shape, neg_inf=True)
+
+
 def pow_rule(dims, types, attrs, op):
     return elementwise("real")(dims, types, attrs, op)
 
@@ -297,6 +307,9 @@ PRIMITIVES: dict[str, Primitive] = dict([
     _p("sin", 1, unary("real"), "sine (sinusoidal positions)", "elementwise"),
     _p("cos", 1, unary("real"), "cosine", "elementwise"),
     _p("abs", 1, abs_rule, "|a|", "elementwise"),
+    _p("floor", 1, unary("int"), "the largest integer not above a (T5's log buckets)",
+       "elementwise"),
+    _p("ceil", 1, unary("int"), "the smallest integer not below a", "elementwise"),
     # comparisons and logic (used by masks and comprehensions)
     _p("eq", 2, elementwise("bool"), "a == b", "elementwise", commutative=True),
     _p("ne", 2, elementwise("bool"), "a != b", "elementwise", commutative=True),
@@ -312,6 +325,11 @@ PRIMITIVES: dict[str, Primitive] = dict([
     _p("sum", 1, reduction, "sum over the last axis", "last_axis"),
     _p("mean", 1, reduction, "mean over the last axis", "last_axis"),
     _p("amax", 1, reduction, "maximum over the last axis", "last_axis"),
+    _p("keeptopk", 1, keeptopk_rule, "keeptopk(X, k): the k largest entries of the last axis, "
+       "the others -inf (attrs.k)", "last_axis"),
+    # families
+    _p("sum_members", 1, identity_rule, "sum(y_1, ..., y_E): the members of a family added "
+       "together (its operand a whole family)", "elementwise"),
     # structure
     _p("matmul", 2, matmul_rule, "a @ b"),
     _p("transpose", 1, transpose_rule, "a^T: swap the last two axes"),
@@ -330,8 +348,9 @@ PRIMITIVES: dict[str, Primitive] = dict([
 
 # Primitives a spec calls by name; the rest come from operators and comprehensions.
 CALLABLE = {"max", "min", "pow", "exp", "log", "sqrt", "tanh", "sigmoid", "erf", "sin", "cos",
-            "abs", "sum",
-            "mean", "amax", "concat", "invperm", "vconcat", "argmax", "argsort", "stopgrad"}
+            "abs", "floor", "ceil", "sum",
+            "mean", "keeptopk", "amax", "concat", "invperm", "vconcat", "argmax", "argsort",
+            "stopgrad"}
 
 BINARY_OPS = {"+": "add", "-": "sub", "*": "mul", "/": "div", "@": "matmul", "%": "mod"}
 COMPARE_OPS = {"==": "eq", "!=": "ne", "<": "lt", "<=": "le", ">": "gt", ">=": "ge"}

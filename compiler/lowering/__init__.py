@@ -9,9 +9,10 @@ layer body every layer computes alike (hoisted); `signature.run_lengths` names t
 read off the inputs at run time.
 `layout` puts on every value where its axes are and how its integers are held.
 `masks` decides what each attention mask means (none, causal, a bias plus either) and where
-a mask becomes a tensor. A layer condition is read from its syntax tree
-(`elaborate.elaborator.guard_tree`) by every backend. Backends build on the prepared IR;
-`check` runs without torch or onnx.
+a mask becomes a tensor. `rotary` says what a use of RoPE (and its variants) turns, by
+which frequencies, and refuses a width no convention turns. A layer condition is read from
+its syntax tree (`elaborate.elaborator.guard_tree`) by every backend. Backends build on the
+prepared IR; `check` runs without torch or onnx.
 """
 
 from ..elaborate import ir

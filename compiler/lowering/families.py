@@ -11,16 +11,18 @@ parameters called once per member) has no batched form and is refused here, loca
 from __future__ import annotations
 
 from ..elaborate import ir
-from ..elaborate.intrinsics import is_kind
+from ..elaborate.intrinsics import intrinsic, is_kind
 from ..elaborate.ir import Eqn, Loop
 from ..elaborate.symbolic import Poly
 from ..errors import Diagnostic
 from ..passes.families import grouped, maps
+from . import rotary
 
 # operations the lowering introduces; each backend's op table has an entry for each
 LOWERED_OPS = {
     "members": "member i of the result is slice i of the operand along `axis` (0-based "
-               "among its own axes): the axis becomes the family axis",
+               "among its own axes): the axis becomes the family axis (attrs.keep: a "
+               "unit axis stays in its place, `g[:, i .. i]`)",
     "gather_members": "member i of the result (i in the equation's family) is member "
                       "`index`(i) of the operand family: a gather along the family axis "
                       "(a member picked by an expression, `k_{(i - 1) / 2 + 1}`)",
@@ -123,14 +125,17 @@ def _members(e: Eqn) -> Eqn | None:
     var, size = e.family
     kinds = e.attrs["kinds"]
     base, *rest = e.ins
-    if base.name is None or base.member is not None or "gather" in kinds or \
-            "range" in kinds or len(rest) != 1 or kinds.count("at") != 1:
+    if base.name is None or base.member is not None or "gather" in kinds:
         return None
-    if not _is_index(rest[0], var):
+    picked = [k for k in kinds if k != ":"]
+    if picked == ["at"] and len(rest) == 1 and _is_index(rest[0], var):
+        attrs = {"axis": kinds.index("at")}
+    elif picked == ["range"] and len(rest) == 2 and all(_is_index(o, var) for o in rest):
+        attrs = {"axis": kinds.index("range"), "keep": True}  # `g[:, i .. i]`
+    else:
         return None
-    axis = kinds.index("at")
     t = e.outs[0].type
-    return Eqn(outs=e.outs, op="members", ins=[base], attrs={"axis": axis},
+    return Eqn(outs=e.outs, op="members", ins=[base], attrs=attrs,
                family=e.family, guards=e.guards, span=e.span) if t.family is None else None
 
 
@@ -148,9 +153,11 @@ def index_maps(model: ir.Model, functions: dict[str, ir.Function], values: dict,
     """At one configuration (`values`: the model's sizes as numbers), through each module
     use's bindings: every member an index map reads exists (1 <= index(i) <= the family's
     size for every i of the family), grouped-query attention's A query heads split evenly
-    into its G groups, and every size a module's equations compute is a whole number (RoPE's
-    d / 2 of an odd head). A module's body is checked once over its own symbols, so this is
-    where `k_{(i - 1) / 2 + 1}` and `d / 2` meet the sizes."""
+    into its G groups, every size a module's equations compute is a whole number (RoPE's
+    d / 2 of an odd head), and a window mask's width lies in 1..n (Mask^ST's w: a window
+    longer than the context is a setting that never reaches the model). A module's body is
+    checked once over its own symbols, so this is where `k_{(i - 1) / 2 + 1}` and `d / 2`
+    meet the sizes."""
     errors: list[Diagnostic] = []
     seen: set = set()
 
@@ -167,17 +174,61 @@ def index_maps(model: ir.Model, functions: dict[str, ir.Function], values: dict,
                     return True
         return False
 
+    def window(e: Eqn, fn: ir.Function, width: str, inner: dict, env: dict) -> None:
+        w, keys = inner.get(width), e.outs[0].type.shape[-1]
+        keys = keys.subs(env) if isinstance(keys, Poly) else None
+        if not (isinstance(w, Poly) and w.is_const() and keys is not None
+                and keys.is_const()):
+            return
+        w, keys = w.const_value(), keys.const_value()
+        if 1 <= w <= keys:
+            return
+        given = e.attrs["bindings"][width]
+        source = "" if str(given) in (width, str(w)) else f" (from {given})"
+        why = (f"longer than the context of {_number(keys)} positions" if w > keys else
+               "so no position sees any key")
+        errors.append(Diagnostic(
+            "error", f"{label}: `{fn.name}` has a window of {width} = {_number(w)}"
+            f"{source} positions, {why}", e.span,
+            f"position i sees the {width} positions i-{width}+1 .. i, so {width} must lie "
+            f"in 1..{_number(keys)}; a window as long as the context is causal attention"))
+
+    def kept(e: Eqn, types: dict, env: dict, use) -> None:
+        """keeptopk keeps 1 to all of the entries of its last axis (K of E experts); the
+        error stands at the module's use, the spec's line."""
+        k, axis = e.attrs["k"].subs(env), types[e.ins[0].name].shape[-1]
+        axis = axis.subs(env) if isinstance(axis, Poly) else None
+        if not (k.is_const() and axis is not None and axis.is_const()):
+            return
+        if k.const_value().denominator == 1 and 1 <= k.const_value() <= axis.const_value():
+            return
+        sizes = ", ".join(f"{s} = {env[s]}" for s in sorted(e.attrs["k"].symbols() & env.keys()))
+        errors.append(Diagnostic(
+            "error", f"{label}: keeptopk keeps {_number(k.const_value())} of "
+            f"{_number(axis.const_value())} entries", use or e.span,
+            (f"{sizes}; " if sizes else "") + "it keeps a whole number from 1 to the length "
+            f"of its last axis (K of the E experts), at {_at(e.span)}"))
+
     def visit(eqns: list[Eqn], types: dict, env: dict, use) -> None:
         broken = False
         for e in eqns:
             types.update((v.name, v.type) for v in e.outs)
             if use is not None and not broken:
                 broken = whole(e, env, use)
+            if e.op == "keeptopk":
+                kept(e, types, env, use)
             if e.op == "call" and e.attrs["module"] in functions:
                 fn = functions[e.attrs["module"]]
                 inner = {k: v.subs(env) if isinstance(v, Poly) else v
                          for k, v in e.attrs.get("bindings", {}).items()}
+                width = intrinsic(fn).width if intrinsic(fn) is not None else None
+                if width is not None:
+                    window(e, fn, width, inner, env)
                 key = (fn.name, tuple(sorted((k, str(v)) for k, v in inner.items())))
+                if is_kind(fn, "rotary") and (bad := rotary.widths(
+                        e, fn, inner, label, _at(use) if use is not None else None)):
+                    errors.extend(bad)  # what its equations would say, less plainly
+                    seen.add(key)
                 if key not in seen:
                     seen.add(key)
                     visit(fn.eqns, {v.name: v.type for v in fn.inputs}, inner,
@@ -214,6 +265,10 @@ def index_maps(model: ir.Model, functions: dict[str, ir.Function], values: dict,
     for item in model.body:
         visit(item.body if isinstance(item, Loop) else [item], types, env, None)
     return errors
+
+
+def _number(x) -> str:
+    return f"{int(x):,}" if getattr(x, "denominator", 1) == 1 else str(x)
 
 
 def _at(span) -> str:

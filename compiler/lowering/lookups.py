@@ -4,7 +4,8 @@ backends.
 A one-hot of integer ids (a call of the standard library's OneHot over lo..hi) times a
 matrix the whole batch shares — a parameter, a fixed member of a parameter family
 (`W_2^g`), or a value computed from such alone (`W_e * 2`, a table of positions) — is the
-`lookup` operation: row `ids[k] - lo + 1` of the table for each k (the token embedding).
+`lookup` operation: row `ids[k] - lo + 1` of the table for each k (the token embedding;
+ids of any rank, as `OneHot^mat` of a matrix of ids, give one row per entry).
 The ids' offset `lo` (ids are 1-based in the spec) is carried in its attrs, so no backend
 reads it off the OneHot call; neither builds the V-wide one-hot. The rewrite sees through
 bodies: a OneHot computed before the layers and multiplied inside them is a lookup there.
@@ -146,7 +147,7 @@ class _State:
         table = self._table(w)
         out = e.outs[0].type
         if lo is None or table is None or table.dtype != "real" or len(table.shape) != 2 or \
-                len(out.shape) != 2 or out.family is not None:
+                len(out.shape) < 2 or out.family is not None:
             return None
         self.consumed.add(id(onehot))
         new = Eqn(outs=e.outs, op="lookup", ins=[ids, w], attrs={"lo": lo}, family=e.family,

@@ -182,6 +182,11 @@ class _Walk:
         types = {v.name: v.type for v in m.inputs}
         types.update((p.name, p.type) for p in m.params)
         top = _Scope({self.g}, {}, (), None, types)
+        for p in m.params:
+            if len(self.axes(p.type, top, p.span or m.span)) > 1:
+                # a step reads the rows of the new positions, not the columns of the past
+                self.fail(f"parameter `{p.name}` is sized by the positions along two axes",
+                          p.span or m.span)
         for v in m.inputs:
             if v.type.dtype != "int" and self.axes(v.type, top, m.span):
                 self.fail(f"input `{v.name}` runs along the generated positions; a step "
@@ -234,6 +239,12 @@ class _Walk:
                 self.fail("a causal mask chosen against one that is not", e.span)
             return
         if any(causal_in):
+            if e.op == "add" and len(causal_in) == 2 and causal_in.count(True) == 1:
+                # a bias plus the causal mask (T5's relative positions) is causal: the bias is
+                # a table of positions, made for the past and new positions and read from the
+                # first new row, so it lines up with the cached keys as the mask does
+                s.causal.update(v.name for v in e.outs)
+                return
             self.fail("the autoregressive mask is used as a tensor here; a step needs it "
                       "only as attention's mask", e.span)
             return

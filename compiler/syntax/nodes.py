@@ -213,6 +213,12 @@ class Expect:
 
 
 @dataclass
+class Condition:
+    span: Span
+    cond: Expr  # a comparison of sizes, `l is even`-style parity, and/or/not
+
+
+@dataclass
 class Preset:
     span: Span
     name: str
@@ -305,8 +311,9 @@ class Module:
 @dataclass
 class CkptStep:
     span: Span
-    name: str  # transpose | split | heads | take | flatten
-    args: list[int]
+    name: str  # transpose | split | heads | take | flatten | slice
+    # numbers; `slice` takes a range whose ends are size expressions (`1 .. A * D`)
+    args: list[int | Expr]
 
 
 @dataclass
@@ -337,6 +344,8 @@ class Model:
     statements: list  # Equation | Loop | Output | Share, in source order
     expects: list[Expect]
     checkpoint: Checkpoint | None = None
+    # `expect Md > Nb / 4`: conditions every configuration's sizes meet
+    conditions: list[Condition] = field(default_factory=list)
 
 
 @dataclass

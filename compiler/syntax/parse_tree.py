@@ -184,6 +184,8 @@ class _ToSyntax(Transformer):
                 m.params.extend(stmt)
             elif isinstance(stmt, S.Expect):
                 m.expects.append(stmt)
+            elif isinstance(stmt, S.Condition):
+                m.conditions.append(stmt)
             elif isinstance(stmt, S.Checkpoint):
                 if m.checkpoint is not None:
                     raise FgcError("a model has one checkpoint block", stmt.span)
@@ -237,10 +239,16 @@ class _ToSyntax(Transformer):
         for c in children[1:]:
             if c is None:
                 continue
-            value = parse_number(c, self.filename)
+            if not isinstance(c, S.Num):  # a size expression, or a range of them
+                args.append(c)
+                continue
+            value = c.value
+            if value.denominator != 1 or value < 0:
+                raise FgcError(f"`{str(children[0])}` takes axes and counts, whole numbers; "
+                               f"not {c.text}", c.span)
             if value > _MAX_STEP_ARG:
-                raise FgcError(f"`{str(children[0])}` takes axes and counts; {c} is too large",
-                               self._tspan(c), f"checkpoint steps take numbers up to "
+                raise FgcError(f"`{str(children[0])}` takes axes and counts; {c.text} is too "
+                               "large", c.span, f"checkpoint steps take numbers up to "
                                f"{_MAX_STEP_ARG:,}")
             args.append(int(value))
         return S.CkptStep(self._span(meta), str(children[0]), args)
@@ -265,6 +273,11 @@ class _ToSyntax(Transformer):
         name = str(children[0])
         assigns = [c for c in children[1:] if isinstance(c, tuple)]
         expects = [c for c in children[1:] if isinstance(c, S.Expect)]
+        for c in children[1:]:
+            if isinstance(c, S.Condition):
+                raise FgcError("a condition on sizes holds for every configuration: write it "
+                               "in the model, not in a preset", c.span,
+                               "a preset expects only `params == ...` or `params ~ ...`")
         return S.Preset(self._span(meta), name, assigns, expects)
 
     @v_args(meta=True)
@@ -282,6 +295,10 @@ class _ToSyntax(Transformer):
     @v_args(meta=True)
     def expect(self, meta, children):
         return S.Expect(self._span(meta), str(children[0]), children[1])
+
+    @v_args(meta=True)
+    def expect_that(self, meta, children):
+        return S.Condition(self._span(meta), children[0])
 
     @v_args(meta=True)
     def share(self, meta, children):

@@ -105,6 +105,8 @@ def _real_defaults(side: Side) -> dict[str, Poly]:
                 v = _literal(h.default)
             if isinstance(v, float):
                 out[h.name] = Poly.const(Fraction(repr(v)))  # 1e-5 as exactly 1/100000
+            elif isinstance(v, Poly) and v.is_const():  # a preset's whole 500000.0
+                out[h.name] = v
     return out
 
 
@@ -146,13 +148,25 @@ class Body:
                 section = "output"
         for v in m.outputs:  # an output may be named by the equation that computes it
             self.section_of.setdefault(v.name, "output")
+        # how often a value is read; of a condition's two branches only one runs, so
+        # `Hf @ W_e^T if tied == 1 else LMHead(Hf)` reads Hf once
         uses: Counter = Counter()
+        below: dict[str, Counter] = {}  # a temporary: the reads in the expression it ends
         for item in m.body:
-            eqns = item.body if isinstance(item, ir.Loop) else [item]
-            for e in eqns:
-                for o in e.ins:
-                    if o.name is not None:
-                        uses[o.name] += 1
+            for e in (item.body if isinstance(item, ir.Loop) else [item]):
+                parts = [below.pop(o.name, Counter()) if o.name is not None and
+                         o.name.startswith("%") else Counter({o.name: 1})
+                         if o.name is not None else Counter() for o in e.ins]
+                reads = parts[0] | parts[1] if e.op == "cond" and len(parts) == 2 else \
+                    sum(parts, Counter())
+                temps = [v.name for v in e.outs if v.name.startswith("%")]
+                if temps and len(temps) == len(e.outs):
+                    for t in temps:
+                        below[t] = reads
+                else:
+                    uses.update(reads)
+        for reads in below.values():  # temporaries read by no equation
+            uses.update(reads)
         self.prev: dict[str, str] = {}  # X^(l-1) inside the body -> X^(0)
         self.last: dict[str, str] = {}  # X^(L) after the layers -> X^(l)
         self.stack: dict[str, str] = {}  # X^(1..L) after the layers -> X^(l) (or X^(l-1))
@@ -383,8 +397,9 @@ def describe(ta: Term, tb: Term, shapes: tuple[dict, dict] | None = None) -> lis
             projected |= {w, b}
             if verb == "adds" and shapes is not None:
                 notes += _factorized(w, ta.leaves & tb.leaves, *shapes)
-    ca = Counter(m for m, _, _ in ta.calls)
-    cb = Counter(m for m, _, _ in tb.calls)
+    # a named instance read in both branches of a condition is one call
+    ca = Counter(m for m, i, _ in _unique(ta.calls))
+    cb = Counter(m for m, i, _ in _unique(tb.calls))
     for m in sorted(ca.keys() & cb.keys()):
         ha = sorted(h for x, _, h in ta.calls if x == m)
         hb = sorted(h for x, _, h in tb.calls if x == m)
@@ -399,6 +414,15 @@ def describe(ta: Term, tb: Term, shapes: tuple[dict, dict] | None = None) -> lis
         ends = {"the block's input", "the block's output"}
         if len(wa) == len(wb) == 1 and wa != wb and {wa[0], wb[0]} == ends:
             notes.append(f"{m} moved from {wa[0]} to {wb[0]}")
+    # the same instance, another module: `ln_1: LN → RMSNorm`
+    ia = {inst: m for m, inst, _ in ta.calls if inst}
+    for m, inst, _ in _unique(tb.calls):
+        was = ia.get(inst)
+        if was is not None and was != m and removed[was] and added[m]:
+            notes.append(f"{inst}: {was} → {m}")
+            removed[was] -= 1
+            added[m] -= 1
+    added, removed = +added, +removed
     if len(added) == len(removed) == 1 and sum(added.values()) == sum(removed.values()) == 1:
         notes.append(f"{next(iter(removed))} → {next(iter(added))}")
         added = removed = Counter()
@@ -415,6 +439,18 @@ def describe(ta: Term, tb: Term, shapes: tuple[dict, dict] | None = None) -> lis
     if not notes:
         notes.append("same modules, arranged differently")
     return notes
+
+
+def _unique(calls: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
+    """Calls with each named instance once."""
+    seen: set = set()
+    out = []
+    for c in calls:
+        if c[1] and c in seen:
+            continue
+        seen.add(c)
+        out.append(c)
+    return out
 
 
 def _bare(t: Term) -> str:
@@ -544,12 +580,26 @@ def _function_lines(side: Side, fn: ir.Function) -> list[str]:
 # ---------------------------------------------------------------- the whole comparison
 
 
+def _callers(model: ir.Model, functions: dict, used, name: str) -> list[str]:
+    """The used modules that call `name`, when the model's own body does not."""
+    direct = any(e.op == "call" and e.attrs["module"] == name
+                 for item in model.body
+                 for e in (item.body if isinstance(item, ir.Loop) else [item]))
+    if direct:
+        return []
+    return [m for m in used if m in functions and any(
+        e.op == "call" and e.attrs["module"] == name for e in functions[m].eqns)]
+
+
 def _hyper_values(side: Side) -> dict[str, str]:
     if side.cfg is None:
         return {}
     out = {}
+    reals = side.sym.hypers.reals
     for k, v in side.cfg.values.items():
-        if isinstance(v, Poly):
+        if isinstance(v, Poly) and k in reals:  # 500000.0 as a default 10000.0 prints
+            out[k] = repr(float(v.const_value()))
+        elif isinstance(v, Poly):
             c = v.const_value()
             out[k] = f"{c.numerator:,}" if c.denominator == 1 else str(c)
         else:
@@ -689,6 +739,12 @@ def compare(a: Side, b: Side) -> dict:
                     entry["b"] = _function_lines(b, fb[m])
                 modules.append(entry)
     modules += [{"change": "added", "name": m} for m in ub if m not in ua]
+    for entry in modules:  # a module the model does not call itself: which modules do
+        if entry["change"] in ("added", "removed"):
+            side, fns, used = (b, fb, ub) if entry["change"] == "added" else (a, fa, ua)
+            inside = _callers(side.model, fns, used, entry["name"])
+            if inside:
+                entry["inside"] = inside
 
     sharing = _sharing(a, b, instance_map)
 
@@ -977,8 +1033,10 @@ def format_text(r: dict, color: bool = False) -> str:
     if r["modules"]:
         section("modules")
         for m in r["modules"]:
+            inside = f", inside {', '.join(m['inside'])}" if m.get("inside") else ""
             out.append(f"  {mark(m['change'])} {m['name']}" + (
-                {"added": " (now used)", "removed": " (no longer used)"}.get(m["change"], "")))
+                {"added": f" (now used{inside})",
+                 "removed": f" (no longer used{inside})"}.get(m["change"], "")))
             for line in m.get("a", []):
                 if line not in m.get("b", []):
                     out.append(paint(f"      - {line}", "red", color))

@@ -11,12 +11,12 @@ Sizes are exact: every hyperparameter is a number except the sequence length, wh
 read from the input's shape at run time (`T`), so batch and sequence axes stay dynamic.
 
 Standard ONNX first: LayerNormalization, Gelu (opset 20), RMSNormalization (opset 23),
-Swish (opset 24), the Attention op (opset 23, with `is_causal` for Mask^AR) and one GEMM
-for all heads of a projection. With `optimize="ort"` the same decisions emit onnxruntime's
-fused operators instead (Attention/MultiHeadAttention, SkipLayerNormalization,
-SkipSimplifiedLayerNormalization, FastGelu for the tanh GELU and BiasGelu only for the
-erf one, QuickGelu for SiLU), chosen here from the IR, never by matching patterns in a
-finished graph.
+Swish (opset 24), the Attention op (opset 23, with `is_causal` for Mask^AR),
+RotaryEmbedding (opset 23) and one GEMM for all heads of a projection. With
+`optimize="ort"` the same decisions emit onnxruntime's fused operators instead
+(Attention/MultiHeadAttention, SkipLayerNormalization, SkipSimplifiedLayerNormalization,
+FastGelu for the tanh GELU and BiasGelu only for the erf one, QuickGelu for SiLU, its own
+RotaryEmbedding), chosen here from the IR, never by matching patterns in a finished graph.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from ...lowering.families import has_params
 from ...lowering.layers import invariant
 from ...lowering.layout import shifted
 from ...lowering.masks import site_kinds
+from ...lowering.rotary import Rotary, frequencies, rotary
 from ...lowering.signature import LOGITS, PAST, by_position, run_lengths, signature
 from ...names import family_layout, ident
 from ...passes.incremental import Incremental, derive
@@ -149,6 +150,7 @@ class Lowerer:
         # present k, v
         self.presents: dict[str, str] = {}  # present name -> tensor
         self.generated: str | None = None  # run-time name of the generated length
+        self.rotations: dict[tuple, tuple[str, str]] = {}  # see rotary_tables
 
     # ---------------------------------------------------------------- helpers
     def _role(self, size: Poly, label: str) -> Role:
@@ -644,6 +646,30 @@ class Lowerer:
         self.info(out, v)
         return v
 
+    def rotary_tables(self, r: Rotary, rows: Poly) -> tuple[str, str]:
+        """The cosines and sines by which a rotation turns `rows` positions, (rows, width / 2)
+        each, from the past's length on in the incremental form (where the module's own
+        tables would be read from): made once for every layer that turns alike."""
+        key = (r, str(rows))
+        if key not in self.rotations:
+            label = "rotary"
+            first = self.from_past(rows)
+            positions = self.g.op("Range", [self.scalar_size(first),
+                                            self.scalar_size(first + rows),
+                                            self.g.const(1, "int")], f"{label}/positions")
+            positions = self.g.op("Unsqueeze", [self.g.op("Cast", [positions],
+                                                          f"{label}/positions", to=1),
+                                                self.g.ints([1])], f"{label}/positions")
+            what = f"RoPE's frequencies: width {r.width}, theta {r.theta:g}" + (
+                f", {r.scaling} scaling {list(r.factors)}" if r.factors else "")
+            f = self.g.initializer(f"{label}/frequencies", frequencies(r), what)
+            angles = self.g.op("Mul", [positions, f], f"{label}/angles")
+            self.rotations[key] = (self.g.op("Cos", [angles], f"{label}/cos"),
+                                   self.g.op("Sin", [angles], f"{label}/sin"))
+            for t in self.rotations[key]:
+                self.g.info(t, "real", [dim_text(rows), r.width // 2])
+        return self.rotations[key]
+
     def plus_bias(self, bias: V, table: V, label: str) -> V:
         """A mask's bias plus its table: one additive mask."""
         bias = self.as_real(self.canonical(bias))
@@ -1019,6 +1045,15 @@ def _unary(lw: Lowerer, e: Eqn, ins: list[V], scope: Scope) -> V:
     return _out(lw, e, scope, x.roles, dtype, out, fam=x.fam)
 
 
+def _to_int(lw: Lowerer, e: Eqn, ins: list[V], scope: Scope) -> V:
+    """floor, ceil: Floor or Ceil of the reals, cast to int64 (how integers are held)."""
+    x = lw.as_real(lw.canonical(ins[0]))
+    op = {"floor": "Floor", "ceil": "Ceil"}[e.op]
+    whole = lw.g.op(op, [x.name], _label(e, scope, op))
+    out = lw.g.op("Cast", [whole], f"{whole}/int", to=7)
+    return _out(lw, e, scope, x.roles, "int", out, fam=x.fam)
+
+
 def _reduce(lw: Lowerer, e: Eqn, ins: list[V], scope: Scope) -> V:
     x = lw.as_real(lw.canonical(ins[0]))  # a sum, mean or max of integers is real
     op = {"sum": "ReduceSum", "mean": "ReduceMean", "amax": "ReduceMax"}[e.op]
@@ -1282,7 +1317,34 @@ def _members(lw: Lowerer, e: Eqn, ins: list[V], scope: Scope) -> V:
     perm = list(range(len(x.roles) + len(x.own)))
     perm.insert(roles.index(role), perm.pop(src))
     out = lw.g.op("Transpose", [x.name], _label(e, scope, "members"), perm=perm)
+    if e.attrs.get("keep"):  # `g[:, i .. i]`: a unit axis where the member's axis was
+        at = len(roles) + e.attrs["axis"]
+        out = lw.g.op("Unsqueeze", [out, lw.g.ints([at])], _label(e, scope, "members"))
     return _out(lw, e, scope, roles, x.dtype, out, offset=x.offset, fam=role)
+
+
+def _sum_members(lw: Lowerer, e: Eqn, ins: list[V], scope: Scope) -> V:
+    """sum(y_1, ..., y_E): the family axis summed away."""
+    x = lw.canonical(ins[0])
+    axis = x.roles.index(x.fam)
+    out = lw.g.op("ReduceSum", [x.name, lw.g.ints([axis])], _label(e, scope, "ReduceSum"),
+                  keepdims=0)
+    roles = tuple(r for r in x.roles if r is not x.fam)
+    return _out(lw, e, scope, roles, x.dtype, out)
+
+
+def _keeptopk(lw: Lowerer, e: Eqn, ins: list[V], scope: Scope) -> V:
+    """The k largest entries of the last axis kept, the others -inf: TopK's k-th value
+    as the threshold."""
+    x = lw.as_real(lw.canonical(ins[0]))
+    label = _label(e, scope, "keeptopk")
+    top, _ = lw.g.node("TopK", [x.name, lw.size(lw.ev(e.attrs["k"], scope.env))], label, 2,
+                       axis=-1, largest=1, sorted=1)
+    kth = lw.g.op("Slice", [top, lw.g.ints([-1]), lw.g.ints([np.iinfo(np.int64).max]),
+                            lw.g.ints([-1])], label)
+    below = lw.g.op("Less", [x.name, kth], label)
+    out = lw.g.op("Where", [below, lw.g.const(-np.inf, "real"), x.name], label)
+    return _out(lw, e, scope, x.roles, "real", out, fam=x.fam)
 
 
 def _gather_members(lw: Lowerer, e: Eqn, ins: list[V], scope: Scope) -> V:
@@ -1320,11 +1382,12 @@ def _mask_tensor(lw: Lowerer, e: Eqn, ins: list[V], scope: Scope) -> V:
 LOWER = {
     **{op: _binary for op in ONNX_BINARY}, **{op: _unary for op in ONNX_UNARY},
     "sum": _reduce, "mean": _reduce, "amax": _reduce, "matmul": _matmul,
+    "floor": _to_int, "ceil": _to_int,
     "transpose": _transpose, "concat": _concat, "vconcat": _concat, "index": _index,
     "iota": _iota, "broadcast_to": _broadcast_to, "select": _select,
     "invperm": _argsort_like, "argsort": _argsort_like, "argmax": _argmax,
     "members": _members, "mask": _mask, "mask_tensor": _mask_tensor, "lookup": _lookup,
-    "gather_members": _gather_members,
+    "gather_members": _gather_members, "sum_members": _sum_members, "keeptopk": _keeptopk,
 }
 
 
@@ -1418,6 +1481,76 @@ def _silu(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
     return [_like(lw, x, out)]
 
 
+def _moe(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
+    """A sparse mixture of experts with standard operators: TopK picks each position's K
+    experts and Softmax weighs them; then, expert by expert, the positions that chose it
+    are gathered (NonZero), run through its SwiGLU and added back in place (ScatterND's
+    add). Each expert's matrices are a Gather of the family's stored tensor at a constant
+    member, which onnxruntime folds into a tensor of its own when the session loads."""
+    x = lw.as_real(lw.canonical(ins[0]))
+    path = callee.path
+    router, gate, up, down = (lw.param(callee, name, None)
+                              for name in intrinsic(callee.fn).params)
+    experts = _int(router.own[-1])
+    k = lw.size(lw.ev(Poly.sym("K"), callee.penv))
+    width = lw.g.ints([_int(router.own[0])])
+    shape = lw.g.op("Shape", [x.name], f"{path}/shape")
+    rows = lw.g.op("Reshape", [x.name, lw.g.op("Concat", [lw.g.ints([-1]), width],
+                                                f"{path}/rows", axis=0)], f"{path}/rows")
+    logits = lw.g.op("MatMul", [rows, router.name], f"{path}/router")
+    top, chosen = lw.g.node("TopK", [logits, k], f"{path}/top", 2, axis=-1, largest=1,
+                            sorted=1)
+    weight = lw.g.op("Softmax", [top], f"{path}/weight", axis=-1)
+    out = lw.g.op("Mul", [rows, lw.g.const(0.0, "real")], f"{path}/zeros")
+    for expert in range(experts):
+        at = f"{path}/expert{expert + 1}"
+        member = lw.g.const(expert, "int")
+        pairs = lw.g.op("NonZero", [lw.g.op("Equal", [chosen, member], at)], at)  # (2, M)
+        picked = lw.g.op("Gather", [pairs, lw.g.const(0, "int")], at, axis=0)  # positions
+        w = lw.g.op("GatherND", [weight, lw.g.op("Transpose", [pairs], at, perm=[1, 0])], at)
+        h = lw.g.op("Gather", [rows, picked], at, axis=0)
+        mats = [lw.g.op("Gather", [p.stored, member], f"{at}/{ident(name)}", axis=1)
+                for p, name in ((gate, "W^gate"), (up, "W^up"), (down, "W^down"))]
+        a = lw.g.op("MatMul", [h, mats[0]], at)
+        a = lw.g.op("Mul", [a, lw.g.op("Sigmoid", [a], at)], at)
+        y = lw.g.op("MatMul", [lw.g.op("Mul", [a, lw.g.op("MatMul", [h, mats[1]], at)], at),
+                               mats[2]], at)
+        y = lw.g.op("Mul", [y, lw.g.op("Unsqueeze", [w, lw.g.ints([1])], at)], at)
+        where = lw.g.op("Unsqueeze", [picked, lw.g.ints([1])], at)
+        out = lw.g.op("ScatterND", [out, where, y], at, reduction="add")
+    out = lw.g.op("Reshape", [out, shape], path)
+    return [_like(lw, x, out)]
+
+
+def _ort_moe(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
+    """onnxruntime's MoE: the router's logits in, each position's K experts by TopK with a
+    softmax over them (normalize_routing_weights), each a SwiGLU whose gate and up
+    matrices are one [E, 2F, H] tensor, their rows interleaved (swiglu_fusion 1, what its
+    CPU kernel takes; activation_alpha 1, activation_beta 0 and no limit make it SiLU(gate)
+    times up)."""
+    x = lw.as_real(lw.canonical(ins[0]))
+    path = callee.path
+    router, gate, up, down = (lw.param(callee, name, None)
+                              for name in intrinsic(callee.fn).params)
+    experts, width = _int(router.own[-1]), _int(router.own[0])
+    arrays = [lw.g.initializers[p.stored] for p in (gate, up, down)]
+    h, f = arrays[0].shape[0], arrays[0].shape[-1]
+    paired = np.stack([arrays[0].transpose(1, 2, 0), arrays[1].transpose(1, 2, 0)], axis=2)
+    fc1 = lw.g.initializer(f"{path}/fc1", paired.reshape(experts, 2 * f, h),
+                           f"{gate.stored}, {up.stored}: their rows interleaved, per expert")
+    fc2 = lw.g.initializer(f"{path}/fc2", np.ascontiguousarray(arrays[2].transpose(1, 2, 0)),
+                           f"{down.stored}, per expert")
+    shape = lw.g.op("Shape", [x.name], f"{path}/shape")
+    rows = lw.g.op("Reshape", [x.name, lw.g.ints([-1, width])], f"{path}/rows")
+    logits = lw.g.op("MatMul", [rows, router.name], f"{path}/router")
+    k = _int(lw.ev(Poly.sym("K"), callee.penv))
+    out = lw.g.op("MoE", [rows, logits, fc1, "", fc2], path, domain=ORT_DOMAIN, k=k,
+                  normalize_routing_weights=1, activation_type="swiglu", swiglu_fusion=1,
+                  activation_alpha=1.0, activation_beta=0.0, swiglu_limit=float("inf"))
+    out = lw.g.op("Reshape", [out, shape], path)
+    return [_like(lw, x, out)]
+
+
 def _ort_silu(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
     """onnxruntime's QuickGelu, x sigmoid(alpha x), at alpha 1 (what its own fusion of
     x * Sigmoid(x) makes)."""
@@ -1473,9 +1606,14 @@ def _attention(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
     cached = callee.path in lw.sites
     if cached:  # the incremental form: keys of the earlier positions too
         k, v = lw.extend_cache(callee.path, k, v)
+    grouped = False  # keys and values of G heads that ONNX's Attention shares out itself
     if e.attrs.get("groups") is not None:  # grouped-query: each query head's key and value
-        k, v = (lw.gather_members(x, e, e.attrs["groups"], callee.caller,
-                                  f"{callee.path}/{what}") for x, what in ((k, "K"), (v, "V")))
+        grouped = lw.opset >= 23 and lw.optimize != "ort" and \
+            _repeats(lw, e, e.attrs["groups"], callee.caller, k)
+        if not grouped:
+            k, v = (lw.gather_members(x, e, e.attrs["groups"], callee.caller,
+                                      f"{callee.path}/{what}")
+                    for x, what in ((k, "K"), (v, "V")))
     if kind is not None and kind.window:  # a band of the keys, aligned to their end
         mask = lw.causal_table(q.own[0], k.own[0], f"{callee.path}/Mask^ST", window=mask.lazy)
         kind = None
@@ -1489,6 +1627,14 @@ def _attention(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
         mask = None  # attention runs it as is_causal, or without a mask
     fused = q.fam is not None and q.fam is k.fam is v.fam and q.roles == (lw.batch, q.fam) \
         and k.roles == q.roles and v.roles == q.roles
+    if grouped:
+        fused = q.fam is not None and q.roles == (lw.batch, q.fam) and \
+            k.roles == (lw.batch, k.fam) and v.roles == (lw.batch, v.fam)
+        if not fused:
+            k, v = (lw.gather_members(x, e, e.attrs["groups"], callee.caller,
+                                      f"{callee.path}/{what}")
+                    for x, what in ((k, "K"), (v, "V")))
+            grouped = False
     bias = None
     if fused and mask is not None:
         m = lw.as_real(lw.canonical(mask))
@@ -1498,27 +1644,51 @@ def _attention(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
             fused = False
     out_own = (q.own[0], v.own[-1])
     path = callee.path
+    scale = intrinsic(callee.fn).scale  # None: 1/sqrt(d), every attention op's default
     if fused and lw.optimize == "ort":
-        out = _ort_attention(lw, q, k, v, causal, bias, _int(q.fam.size), path)
+        out = _ort_attention(lw, q, k, v, causal, bias, _int(q.fam.size), path, scale)
         if bias is not None:  # onnxruntime's kernels give NaN for a fully masked query
             out = lw.g.op("Where", [lw.g.op("IsNaN", [out], f"{path}/masked"),
                                     lw.g.const(0.0, "real"), out], f"{path}/safe")
+    elif fused and lw.opset >= 23 and (grouped or cached):
+        # heads as an axis: the cached keys and values as they are held, G of them where
+        # grouped (ONNX's Attention gives query head i key/value head i // (A / G))
+        inputs = [lw.as_real(lw.canonical(x)).name for x in (q, k, v)]
+        if bias is not None:
+            inputs.append(bias)
+        out = lw.g.op("Attention", inputs, path, is_causal=1 if causal else None, scale=scale)
+        res = V("real", q.roles, out_own, name=out, fam=q.fam)
+        lw.info(out, res)
+        return [res]
     elif fused and lw.opset >= 23:
         heads = _int(q.fam.size)
         inputs = [lw.packed_form(q), lw.packed_form(k), lw.packed_form(v)]
         if bias is not None:
             inputs.append(bias)
         out = lw.g.op("Attention", inputs, path, is_causal=1 if causal else None,
-                      q_num_heads=heads, kv_num_heads=heads)
+                      q_num_heads=heads, kv_num_heads=heads, scale=scale)
     else:
-        return [_attention_equations(lw, callee, q, k, v, mask, causal)]
+        return [_attention_equations(lw, callee, q, k, v, mask, causal, scale)]
     res = V("real", q.roles, out_own, packed=out, fam=q.fam)
     lw.info(out, res, packed=True)
     return [res]
 
 
+def _repeats(lw: Lowerer, e: Eqn, index: Poly, scope: Scope, k: V) -> bool:
+    """Whether grouped-query attention's map gives query head i (0-based) key/value head
+    i // (A / G), the sharing ONNX's Attention does itself with G key/value heads."""
+    var, size = e.family
+    heads = _int(lw.ev(size, scope.penv))
+    kv = _int(k.fam.size) if k.fam is not None else 0
+    if not kv or heads % kv:
+        return False
+    picks = [_int(lw.ev(index.subs({var: Poly.const(i)}), scope.penv)) - 1
+             for i in range(1, heads + 1)]
+    return picks == [i // (heads // kv) for i in range(heads)]
+
+
 def _attention_equations(lw: Lowerer, callee: Scope, q: V, k: V, v: V, mask: V | None,
-                         causal: bool) -> V:
+                         causal: bool, factor: float | None = None) -> V:
     path = callee.path
     if causal:
         mask = lw.causal_table(q.own[0], k.own[0], f"{path}/Mask^AR")
@@ -1528,7 +1698,8 @@ def _attention_equations(lw: Lowerer, callee: Scope, q: V, k: V, v: V, mask: V |
                  perm=list(range(len(roles))) + [len(roles) + 1, len(roles)])
     scores = lw.g.op("MatMul", [lw.align(q, roles, 2), kt], f"{path}/QK^T")
     d = q.own[-1]
-    scale = lw.g.const(1.0 / float(d.const_value()) ** 0.5, "real") if d.is_const() else \
+    scale = lw.g.const(factor, "real") if factor is not None else \
+        lw.g.const(1.0 / float(d.const_value()) ** 0.5, "real") if d.is_const() else \
         lw.g.op("Reciprocal", [lw.g.op("Sqrt", [lw.g.op("Cast", [lw.scalar_size(d)],
                                                          f"{path}/d", to=1)], f"{path}/sqrt_d")],
                 f"{path}/scale")
@@ -1550,10 +1721,11 @@ def _attention_equations(lw: Lowerer, callee: Scope, q: V, k: V, v: V, mask: V |
 
 
 def _ort_attention(lw: Lowerer, q: V, k: V, v: V, causal: bool, bias: str | None,
-                   heads: int, path: str) -> str:
+                   heads: int, path: str, scale: float | None = None) -> str:
     """com.microsoft Attention when one input feeds the query, key and value projections
-    (their weights packed side by side: one GEMM), MultiHeadAttention otherwise."""
-    attrs = {"num_heads": heads, "unidirectional": 1 if causal else None}
+    (their weights packed side by side: one GEMM), MultiHeadAttention otherwise; `scale`
+    is the scores' factor (None: 1/sqrt(d))."""
+    attrs = {"num_heads": heads, "unidirectional": 1 if causal else None, "scale": scale}
     same_x = q.kind == k.kind == v.kind == "proj" and q.lazy[0] is k.lazy[0] is v.lazy[0]
     if not same_x:  # (unidirectional: causal over queries and keys of one length)
         inputs = [lw.packed_form(q), lw.packed_form(k), lw.packed_form(v)]
@@ -1578,11 +1750,60 @@ def _ort_attention(lw: Lowerer, q: V, k: V, v: V, causal: bool, bias: str | None
     return lw.g.op("Attention", inputs, path, domain=ORT_DOMAIN, **attrs)
 
 
+def _rotation(lw: Lowerer, callee: Scope, ins: list[V]):
+    """RoPE's operand as the rotary operators take it, (batch, heads, T, d) or (batch, T,
+    d), with what this use turns and its heads; None for another layout."""
+    x = lw.as_real(lw.canonical(ins[0]))
+    if x.roles[:1] != (lw.batch,) or len(x.roles) > 2 or len(x.own) != 2 or \
+            not x.own[1].is_const():
+        return None
+    heads = _int(x.roles[1].size) if len(x.roles) == 2 else 1
+    return x, rotary(callee.fn, callee.env, _int(x.own[1])), heads
+
+
+def _rotary(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
+    """RotaryEmbedding (opset 23), every head at once, its cosines and sines given by
+    position ids 0..T-1 into tables of this run's positions (`Lowerer.rotary_tables`);
+    below opset 23, the module's equations."""
+    found = _rotation(lw, callee, ins) if lw.opset >= 23 else None
+    if found is None:
+        return None
+    x, r, heads = found
+    cos, sin = lw.rotary_tables(r, x.own[0])
+    path = callee.path
+    # (onnxruntime wants ids for every row of the batch: the same ones)
+    rows = lw.g.op("Range", [lw.g.const(0, "int"), lw.scalar_size(x.own[0]),
+                             lw.g.const(1, "int")], f"{path}/ids")
+    batch = lw.g.op("Shape", [x.name], f"{path}/batch", start=0, end=1)
+    ids = lw.g.op("Expand", [lw.g.op("Unsqueeze", [rows, lw.g.ints([0])], f"{path}/ids"),
+                             lw.g.op("Concat", [batch, lw.g.ints([1])], f"{path}/ids",
+                                     axis=0)], f"{path}/ids")
+    out = lw.g.op("RotaryEmbedding", [x.name, cos, sin, ids], path,
+                  interleaved=1 if r.interleaved else None,
+                  rotary_embedding_dim=r.width if r.width != _int(x.own[1]) else None,
+                  num_heads=heads if len(x.roles) == 1 else None)
+    return [_like(lw, x, out)]
+
+
+def _ort_rotary(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
+    """onnxruntime's RotaryEmbedding (com.microsoft), its position ids an offset of 0 into
+    tables of this run's positions (`Lowerer.rotary_tables`)."""
+    found = _rotation(lw, callee, ins)
+    if found is None:
+        return None
+    x, r, heads = found
+    cos, sin = lw.rotary_tables(r, x.own[0])
+    out = lw.g.op("RotaryEmbedding", [x.name, lw.g.ints([0]), cos, sin], callee.path,
+                  domain=ORT_DOMAIN, interleaved=1 if r.interleaved else 0,
+                  rotary_embedding_dim=r.width, num_heads=heads)
+    return [_like(lw, x, out)]
+
+
 # Intrinsics (compiler/elaborate/intrinsics.py) lowered to fused operators, by kind; masks
 # by what they mean. An entry may return None (or be None) to lower the module's equations.
 FUSED = {
     "attention": _attention, "layer_norm": _layer_norm, "softmax": _softmax, "gelu": _gelu,
-    "rms_norm": _rms_norm, "silu": _silu,
+    "rms_norm": _rms_norm, "silu": _silu, "moe": _moe, "rotary": _rotary,
     "onehot": None,  # times a table, the lowered `lookup` (lowering/lookups.py)
     "concat": _concat_heads,
     # a mask is its equations where it is a tensor; where attention reads it by meaning,
@@ -1591,7 +1812,8 @@ FUSED = {
 }
 # --optimize ort: onnxruntime's contrib operators where they differ (attention and the
 # norms fuse with the Add before them inside their entries)
-FUSED_ORT = {**FUSED, "gelu": _ort_gelu, "silu": _ort_silu}
+FUSED_ORT = {**FUSED, "gelu": _ort_gelu, "silu": _ort_silu, "moe": _ort_moe,
+             "rotary": _ort_rotary}
 
 
 def fused(fn: ir.Function, optimize: str | None):

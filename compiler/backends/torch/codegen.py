@@ -22,7 +22,7 @@ import jinja2
 
 from ...elaborate import ir
 from ...elaborate.elaborator import guard_tree
-from ...elaborate.intrinsics import intrinsic, is_kind
+from ...elaborate.intrinsics import SCALINGS, intrinsic, is_kind
 from ...elaborate.ir import Ell, Eqn, Operand, TensorType, sequence_symbols
 from ...elaborate.symbolic import Atom, Poly
 from ...errors import FgcError
@@ -776,6 +776,16 @@ def _func(fn: str):
     return lower
 
 
+def _to_int(fn: str):
+    """floor, ceil: whole numbers from reals, as integer tensors (int64, as ids are)."""
+    def lower(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> Expr:
+        (x,) = ins
+        if _sizes_only(x):
+            return call(f"math.{fn}", x.expr)
+        return method(call(f"torch.{fn}", x.expr), "long")
+    return lower
+
+
 def _minmax(fn: str, clamp: str):
     def lower(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> Expr:
         x, y = ins
@@ -1006,10 +1016,24 @@ def _argsort(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> Expr:
 
 
 def _members(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> Expr:
-    """An axis of the operand's own as the family axis, just before the others."""
+    """An axis of the operand's own as the family axis, just before the others (with
+    `keep`, a unit axis left in its place)."""
     x, r = ins[0].expr, ins[0].layout.rank
+    if r is None:
+        raise Unsupported("a family made of an axis of a `...`-shaped value")
     k = e.attrs["axis"]
-    return x if k == 0 else method(x, "movedim", Const(k - r), Const(-r))
+    moved = x if k == 0 else method(x, "movedim", Const(k - r), Const(-r))
+    return method(moved, "unsqueeze", Const(k - r)) if e.attrs.get("keep") else moved
+
+
+def _sum_members(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> Expr:
+    """sum(y_1, ..., y_E): the family axis summed away."""
+    r = ins[0].layout.rank
+    return method(ins[0].expr, "sum", Const(-2 if r is None else -r - 1))
+
+
+def _keeptopk(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> Expr:
+    return call("keeptopk", ins[0].expr, py_poly(e.attrs["k"], b.sym))
 
 
 def _gather_members(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> Expr:
@@ -1063,7 +1087,7 @@ LOWER = {
     "pow": _pow, "mod": _int_binary("%"),
     "exp": _func("exp"), "log": _func("log"), "sqrt": _func("sqrt"), "tanh": _func("tanh"),
     "sigmoid": _func("sigmoid"), "erf": _func("erf"), "sin": _func("sin"), "cos": _func("cos"),
-    "abs": _func("abs"),
+    "abs": _func("abs"), "floor": _to_int("floor"), "ceil": _to_int("ceil"),
     "eq": _int_binary("=="), "ne": _int_binary("!="), "lt": _int_binary("<"),
     "le": _int_binary("<="), "gt": _int_binary(">"), "ge": _int_binary(">="),
     "and": _binary("&"), "or": _binary("|"), "not": _not, "select": _select, "cond": _cond,
@@ -1071,6 +1095,7 @@ LOWER = {
     "matmul": _matmul, "transpose": _transpose, "concat": _concat, "vconcat": _vconcat,
     "index": _index, "iota": _iota, "broadcast_to": _broadcast_to, "invperm": _invperm,
     "argmax": _argmax, "argsort": _argsort, "stopgrad": _stopgrad, "members": _members,
+    "sum_members": _sum_members, "keeptopk": _keeptopk,
     "lookup": _lookup,
     "mask": _mask, "mask_tensor": _mask_tensor, "gather_members": _gather_members,
 }
@@ -1106,10 +1131,15 @@ def _sdpa(b: Body, fn: ir.Function, inputs: list[str]) -> list[Line]:
         lines += [Line(If(Compare(groups, "is not", Const(None))),
                        "grouped-query attention: each query head's keys")] + pick
 
+    scale = intrinsic(fn).scale  # None: sdpa's default, 1/sqrt(d)
+
     def sdpa(comment: str = "", depth: int = 0, **kw: Expr) -> Line:
+        if scale is not None:
+            kw["scale"] = Const(scale)
         return Line(Return(call("sdpa", q, k, v, **kw)), comment, depth)
     if kind is None:
-        return lines + [sdpa("scale 1/sqrt(d) is sdpa's default", attn_mask=mask)]
+        return lines + [sdpa("scale 1/sqrt(d) is sdpa's default" if scale is None else
+                             f"scores scaled by {scale:g}", attn_mask=mask)]
     if kind.causal is False:
         return lines + [sdpa("no mask")]
     length = [Subscript(Attr(x, "shape"), (Const(-2),)) for x in (q, k)]
@@ -1180,11 +1210,33 @@ def _silu(b: Body, fn: ir.Function, inputs: list[str]) -> list[Line]:
     return [Line(Return(call("silu", Name(inputs[0]))))]
 
 
+def _rotary(b: Body, fn: ir.Function, inputs: list[str]) -> list[Line]:
+    """RoPE and its variants by the runtime's `rotary` (lowering/rotary.py), its tables made
+    once per length, device and dtype; in step() the positions go on from `start`."""
+    i = intrinsic(fn)
+    kw: dict[str, Expr] = {}
+    if i.rotated is not None:
+        kw["width"] = dotted(f"self.{ident(i.rotated)}")
+    if i.interleaved:
+        kw["interleaved"] = Const(True)
+    if SCALINGS[i.scaling]:
+        kw["scaling"] = Tuple((Const(i.scaling), *(dotted(f"self.{ident(h)}")
+                                                   for h in SCALINGS[i.scaling])))
+    start = b.start if b.start is not None else Const(0)
+    return [Line(Return(call("rotary", Name(inputs[0]), start, dotted("self.theta"), **kw)))]
+
+
+def _moe(b: Body, fn: ir.Function, inputs: list[str]) -> list[Line]:
+    params = [dotted(f"self.{ident(p)}") for p in intrinsic(fn).params]
+    return [Line(Return(call("moe", Name(inputs[0]), *params, dotted("self.K"))),
+                 "only each position's K chosen experts are computed")]
+
+
 # Intrinsics (compiler/elaborate/intrinsics.py) whose forward is one fused torch call, by
 # kind; None: the module's own equations. Their equations stay the docstring.
 FUSED = {
     "attention": _sdpa, "layer_norm": _layer_norm, "softmax": _softmax, "gelu": _gelu,
-    "rms_norm": _rms_norm, "silu": _silu,
+    "rms_norm": _rms_norm, "silu": _silu, "moe": _moe, "rotary": _rotary,
     "onehot": None,  # times a table, the lowered `lookup` (lowering/lookups.py)
     "concat": None,  # the family axis flattened into the last (see Generator.lower_call)
     # a mask is its equations where it is a tensor; where attention reads it by meaning,
@@ -2178,7 +2230,10 @@ class Generator:
             uses_causal=bool(re.search(r"(?<![\w.])causal_mask\(", text)),
             uses_window=bool(re.search(r"(?<![\w.])window_mask\(", text)),
             uses_take=bool(re.search(r"(?<![\w.])take\(", text)),
-            uses_project=bool(re.search(r"(?<![\w.])project\(", text)))
+            uses_keeptopk=bool(re.search(r"(?<![\w.])keeptopk\(", text)),
+            uses_moe=bool(re.search(r"(?<![\w.])moe\(", text)),
+            uses_project=bool(re.search(r"(?<![\w.])project\(", text)),
+            uses_rotary=bool(re.search(r"(?<![\w.])rotary\(", text)))
         source = template.render(**view, uses_math=True)
         if re.search(r"\bmath\.", source):
             return source

@@ -1,0 +1,106 @@
+"""Rotary positions: what a use of a rotary intrinsic computes, decided once for both backends.
+
+A use of RoPE, RoPE^partial, RoPE^interleaved, RoPE^linear or RoPE^llama3
+(compiler/elaborate/intrinsics.py) turns the first `width` features of each row of X by
+the angle (p - 1) f_k at position p: features k and k + width/2 together ("rotate half"),
+or 2k - 1 and 2k (interleaved), the others unchanged. The frequencies f are `frequencies`,
+computed in float32 step for step as transformers computes them (numpy's float32 power may
+round the last bit the other way; the torch backend's runtime computes them with torch, as
+transformers does); the module's equations in stdlib.fgpt are their meaning. Positions
+count from the past's length in the incremental form, exactly where the module's own
+tables would be read from (passes.incremental's `along`): torch passes `start`, the ONNX
+lowering reads `Lowerer.from_past`.
+
+`widths` refuses, at a use and per configuration, what no convention turns: a width wider
+than the rows, or an odd one where features 2k - 1 and 2k turn together (where halves turn,
+the equations' own size d / 2 already refuses an odd one).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..elaborate import ir
+from ..elaborate.intrinsics import SCALINGS, intrinsic
+from ..elaborate.symbolic import Poly
+from ..errors import Diagnostic
+
+
+@dataclass(frozen=True)
+class Rotary:
+    """One use of a rotary intrinsic, its sizes numbers."""
+
+    width: int  # how many leading features turn (even, at most the row's)
+    interleaved: bool
+    theta: float
+    scaling: str  # a key of SCALINGS
+    factors: tuple[float, ...]  # the scaling's hyperparameters, in SCALINGS' order
+
+
+def rotary(fn: ir.Function, values: dict, features: int) -> Rotary:
+    """The rotation a use of `fn` makes: `values` are its hyperparameters at that use
+    (numbers: floats, or constant sizes), `features` the width of the rows it turns."""
+    i = intrinsic(fn)
+    width = features if i.rotated is None else int(_number(values[i.rotated]))
+    return Rotary(width, i.interleaved, _number(values["theta"]), i.scaling,
+                  tuple(_number(values[k]) for k in SCALINGS[i.scaling]))
+
+
+def _number(x) -> float:
+    return float(x.const_value()) if isinstance(x, Poly) else float(x)
+
+
+def frequencies(r: Rotary):
+    """The r.width / 2 frequencies, float32: theta^(-2k/width) for k = 0 .. width/2 - 1
+    (transformers' `_compute_default_rope_parameters`), then scaled: divided by the factor
+    (`linear`), or Llama 3.1's smooth interpolation (`llama3`,
+    `_compute_llama3_parameters`), step for step."""
+    import numpy as np  # here: `fgc check` imports the lowering and needs no numpy
+
+    f32 = np.float32
+    inv_freq = f32(1.0) / (f32(r.theta) ** (np.arange(0, r.width, 2).astype(f32) / f32(r.width)))
+    if r.scaling == "linear":
+        (factor,) = r.factors
+        return inv_freq / f32(factor)
+    if r.scaling == "llama3":
+        factor, low, high, n0 = (f32(x) for x in r.factors)
+        wavelen = f32(2 * math.pi) / inv_freq
+        scaled = np.where(wavelen > n0 / low, inv_freq / factor, inv_freq)
+        smooth = (n0 / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < n0 / high) & ~(wavelen > n0 / low)
+        return np.where(medium, smoothed, scaled).astype(f32)
+    return inv_freq
+
+
+def widths(e: ir.Eqn, fn: ir.Function, inner: dict, label: str, outer: str | None
+           ) -> list[Diagnostic]:
+    """At one configuration, a rotary use's width: at most its rows', and even where
+    features 2k - 1 and 2k turn together (`inner`:
+    the callee's sizes at this use, numbers; `outer`: where the module holding this use is
+    used, when it is inside one)."""
+    i = intrinsic(fn)
+    d = inner.get(fn.inputs[0].type.shape[-1].symbols().pop()) if fn.inputs else None
+    r = d if i.rotated is None else inner.get(i.rotated)
+    if not all(isinstance(x, Poly) and x.is_const() for x in (r, d)):
+        return []
+    r, d = r.const_value(), d.const_value()
+    name = "d" if i.rotated is None else i.rotated
+    what = f"the rotated width {name} = {_show(r)}"
+    via = f" ({name} = {_show(r)} from the use at {outer})" if outer else ""
+    if i.rotated is not None and r > d:
+        return [Diagnostic("error", f"{label}: `{fn.name}`: {what} is wider than the rows it "
+                           f"turns, of {_show(d)} features", e.span,
+                           f"{name} must lie in 2..{_show(d)}: RoPE turns the first {name} "
+                           f"features of each row, in pairs{via}")]
+    # (where halves turn, the equations' own d / 2 refuses an odd width: index_maps)
+    if i.interleaved and r % 2:
+        return [Diagnostic("error", f"{label}: `{fn.name}`: {what} is not an even number",
+                           e.span, f"features 2k - 1 and 2k turn together, so {name} must "
+                           f"be even{via}")]
+    return []
+
+
+def _show(x) -> str:
+    return str(int(x)) if x.denominator == 1 else str(x)

@@ -1,0 +1,177 @@
+"""specs/mixtral.fgpt against transformers' MixtralForCausalLM, and the standard library's
+sparse mixture of experts (MoE) behind it.
+
+The preset's count equals the class's parameters on the meta device. A tiny randomly
+initialised model (experts that do not divide evenly into the choices, grouped-query
+attention) is written by `save_pretrained`, one tensor per expert as released checkpoints
+hold them, and compiled with `fgc compile --weights`: the PyTorch module and the ONNX graph
+(standard and `--optimize ort`) give transformers' probabilities to 1e-5, and greedy
+generation with the cache gives its `generate` ids. Sparsity is measured, not assumed: the
+torch module's multiply-adds grow with K at a fixed E, and stay put as E grows at a fixed K.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import fgc, peaked_weights
+from hf_parity import (
+    assert_greedy,
+    assert_preset_count,
+    assert_presets_covered,
+    assert_probabilities,
+    compile_targets,
+    tokens,
+)
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("onnxruntime")
+
+RELEASED = {
+    ("mixtral", "8x7b"): ("Mixtral", dict(
+        num_hidden_layers=32, hidden_size=4096, num_attention_heads=32, num_key_value_heads=8,
+        intermediate_size=14336, num_local_experts=8, num_experts_per_tok=2,
+        vocab_size=32000, max_position_embeddings=32768, rope_theta=1e6,
+        tie_word_embeddings=False)),
+}
+
+
+def test_preset_count_equals_transformers():
+    assert_preset_count("mixtral", "8x7b", *RELEASED[("mixtral", "8x7b")])
+
+
+def test_every_preset_has_a_count_test():
+    assert_presets_covered(RELEASED, ("mixtral",))
+
+
+# (H, A, G, F, E, K, V, n): 5 experts choosing 2, 3 choosing 3 (every expert: dense)
+CASES = [(16, 4, 2, 24, 5, 2, 50, 32), (24, 4, 1, 20, 3, 3, 37, 16)]
+IDS = [f"E{c[4]}-K{c[5]}" for c in CASES]
+
+
+def _reference(H, A, G, F, E, K, V, n, L=2):
+    config = transformers.MixtralConfig(
+        vocab_size=V, hidden_size=H, intermediate_size=F, num_hidden_layers=L,
+        num_attention_heads=A, num_key_value_heads=G, num_local_experts=E,
+        num_experts_per_tok=K, max_position_embeddings=n, rope_theta=10000.0,
+        rms_norm_eps=1e-5, sliding_window=None, tie_word_embeddings=False,
+        eos_token_id=None)  # generate() runs its full length, as step() does
+    torch.manual_seed(0)
+    model = transformers.MixtralForCausalLM(config).eval()
+    peaked_weights(model)
+    return model
+
+
+def _sets(H, A, G, F, E, K, V, n, L=2) -> list[str]:
+    values = dict(L=L, H=H, A=A, G=G, F=F, E=E, K=K, V=V, n=n, theta=10000.0)
+    return [x for k, v in values.items() for x in ("--set", f"{k}={v}")]
+
+
+@pytest.fixture(scope="module", params=CASES, ids=IDS)
+def compiled(request, tmp_path_factory):
+    case = request.param
+    model = _reference(*case)
+    folder = tmp_path_factory.mktemp("mixtral")
+    model.save_pretrained(folder)  # experts.{e}.w1/w2/w3, as the released files
+    return case, model, compile_targets("mixtral", _sets(*case), folder / "model.safetensors",
+                                        folder)
+
+
+def test_probabilities_equal_transformers(compiled):
+    case, ref, out = compiled
+    assert_probabilities(ref, out, V=case[6], lengths=(case[7], 5))
+
+
+def test_greedy_generation_equals_transformers(compiled):
+    case, ref, out = compiled
+    assert_greedy(ref, out, V=case[6], new=8)
+
+
+def test_fgc_generate_equals_transformers_in_both_backends(compiled):
+    """`fgc generate` through the ONNX --kv-cache graph and through torch's step()."""
+    case, ref, out = compiled
+    prompt = tokens(case[6], 4)
+    with torch.no_grad():
+        want = ref.generate(prompt, max_new_tokens=8, do_sample=False, pad_token_id=0,
+                            attention_mask=torch.ones_like(prompt))[:, 4:]
+    ids = ";".join(",".join(str(int(t)) for t in row) for row in prompt)
+    for backend in ("onnx", "torch"):
+        r = fgc("generate", "specs/mixtral.fgpt", *_sets(*case), "--weights",
+                str(out["torch"].parent / "model.safetensors"), "--prompt-ids", ids,
+                "--max-new-tokens", "8", "--backend", backend)
+        assert r.returncode == 0, r.stderr
+        rows = [[int(t) for t in line.split(",")] for line in r.stdout.split()[-2:]]
+        assert rows == want.tolist(), backend
+
+
+# ---------------------------------------------------------------- sparse computation
+
+MOE = """
+model M {{
+  hyper V = 50, H = 32, F = 64, E = {E}, K = {K}, n = 16
+  input x: {{1..V}}^n
+  param W_e: R[V, H]
+  output Y = moe: MoE(OneHot(x) @ W_e)
+}}
+"""
+
+
+def _flops(tmp_path: Path, E: int, K: int) -> int:
+    """Multiply-adds of one forward of a MoE layer over 64 positions, as torch counts them."""
+    from torch.utils.flop_counter import FlopCounterMode
+    spec = tmp_path / f"moe_{E}_{K}.fgpt"
+    spec.write_text(MOE.format(E=E, K=K))
+    out = tmp_path / f"out_{E}_{K}"
+    r = fgc("compile", str(spec), "--target", "torch", "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    import importlib.util
+    found = importlib.util.spec_from_file_location(f"moe_{E}_{K}", out / "model.py")
+    mod = importlib.util.module_from_spec(found)
+    found.loader.exec_module(mod)
+    model = mod.build().eval()
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        model(tokens(50, 16, B=4))
+    return counter.get_total_flops()
+
+
+def test_compute_grows_with_k_not_e(tmp_path):
+    base = _flops(tmp_path, 8, 2)
+    assert _flops(tmp_path, 32, 2) < 1.2 * base  # 4x the experts: about the same work
+    assert _flops(tmp_path, 8, 4) > 1.8 * base  # twice the choices: about twice the work
+
+
+def test_the_onnx_graphs_run_each_expert_on_its_positions_only(tmp_path):
+    """The standard graph gathers each expert's positions (NonZero, Gather) and adds its
+    results back (ScatterND), with no product over every position per expert."""
+    import onnx
+    spec = tmp_path / "moe.fgpt"
+    spec.write_text(MOE.format(E=4, K=2))
+    r = fgc("compile", str(spec), "--target", "onnx", "-o", str(tmp_path / "onnx"))
+    assert r.returncode == 0, r.stderr
+    ops = [n.op_type for n in onnx.load(str(tmp_path / "onnx" / "model.onnx")).graph.node]
+    assert ops.count("NonZero") == ops.count("ScatterND") == 4
+    assert ops.count("TopK") == 1
+    # under --optimize ort: onnxruntime's own MoE node, the experts' matrices packed for it
+    r = fgc("compile", str(spec), "--target", "onnx", "--optimize", "ort", "-o",
+            str(tmp_path / "ort"))
+    assert r.returncode == 0, r.stderr
+    graph = onnx.load(str(tmp_path / "ort" / "model.onnx")).graph
+    moe = [n for n in graph.node if n.op_type == "MoE"]
+    assert len(moe) == 1 and moe[0].domain == "com.microsoft"
+    assert "NonZero" not in {n.op_type for n in graph.node}
+
+
+def test_choices_beyond_the_experts_are_a_located_error(tmp_path):
+    text = (Path(__file__).parents[1] / "specs" / "mixtral.fgpt").read_text()
+    bad = text.replace("preset 8x7b {\n    L = 32,", "preset 8x7b {\n    K = 9, L = 32,")
+    assert bad != text
+    spec = tmp_path / "mixtral.fgpt"
+    spec.write_text(bad)
+    r = fgc("check", str(spec))
+    assert r.returncode == 1
+    assert "keeptopk keeps 9 of 8 entries" in r.stderr, r.stderr
+    assert "mixtral.fgpt:" in r.stderr and "Traceback" not in r.stderr
+    r = fgc("params", "specs/mixtral.fgpt", "--preset", "8x7b", "--set", "K=0")
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
