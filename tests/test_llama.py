@@ -152,3 +152,4 @@ def test_the_cache_of_grouped_query_attention(compiled):
     keys, values = past[0]
     G, D = case[3], case[1] // case[2]
     assert tuple(keys.shape) == tuple(values.shape) == (2, G, 3, D)  # G heads, not A
+

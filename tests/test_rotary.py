@@ -242,7 +242,9 @@ def test_the_torch_tables_are_made_once(turned):
 
 # ---------------------------------------------------------------- Llama's scalings
 
-# the standard library's GQA with a scaled RoPE: the spec's own module of that name
+# the standard library's GQA with a scaled RoPE, the spec's own module of that name, used
+# in place of llama.fgpt's GQA^llama3 (which turns by Llama 3.1's rule through the spec's
+# hyperparameters factor, low, high and n0)
 SCALED_GQA = """
 module GQA[A, G, D, theta = 10000.0](X: R[n, H], Mask: R[n, n]) -> R[n, H] {{
   GQA(X, Mask) = Concat(head_1, ..., head_A) @ W^O
@@ -257,9 +259,13 @@ module GQA[A, G, D, theta = 10000.0](X: R[n, H], Mask: R[n, n]) -> R[n, H] {{
 }}
 """
 SCALED = {
-    "llama3": "RoPE^llama3[factor = 4.0, low = 1.0, high = 4.0, n0 = 32]",
+    "llama3": None,  # llama.fgpt itself, --set factor=4.0 low=1.0 high=4.0 n0=32
     "linear": "RoPE^linear[factor = 3.0]",
 }
+
+
+def spec_text() -> str:
+    return (ROOT / "specs" / "llama.fgpt").read_text()
 
 
 @pytest.fixture(scope="module", params=list(SCALED))
@@ -267,10 +273,14 @@ def scaled_llama(request, tmp_path_factory):
     """specs/llama.fgpt with a scaled RoPE, against LlamaForCausalLM with that rope_type."""
     scaling = request.param
     folder = tmp_path_factory.mktemp(f"llama_{scaling}")
-    spec = folder / "llama_scaled.fgpt"
-    spec.write_text(SCALED_GQA.format(rope=SCALED[scaling]) +
-                    (ROOT / "specs" / "llama.fgpt").read_text())
+    spec = ROOT / "specs" / "llama.fgpt"
     sizes = dict(L=2, H=32, A=2, G=1, F=24, V=50, n=40, theta=10000.0)
+    if SCALED[scaling] is None:
+        sizes.update(factor=4.0, low=1.0, high=4.0, n0=32)
+    else:
+        spec = folder / "llama_scaled.fgpt"
+        spec.write_text(SCALED_GQA.format(rope=SCALED[scaling]) + spec_text()
+                        .replace("attn: GQA^llama3(", "attn: GQA("))
     config = _config(scaling)
     config = transformers.LlamaConfig(
         vocab_size=50, hidden_size=32, intermediate_size=24, num_hidden_layers=2,

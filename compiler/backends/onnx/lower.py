@@ -150,6 +150,8 @@ class Lowerer:
         # present k, v
         self.presents: dict[str, str] = {}  # present name -> tensor
         self.generated: str | None = None  # run-time name of the generated length
+        # tensors every layer reads alike (causal tables, rotary position ids), made once
+        self.shared_tables: dict[tuple, object] = {}
         self.rotations: dict[tuple, tuple[str, str]] = {}  # see rotary_tables
 
     # ---------------------------------------------------------------- helpers
@@ -628,6 +630,9 @@ class Lowerer:
         """Mask^AR as a rows x cols tensor aligned to the last column: row i sees the
         columns up to cols - rows + i (in the incremental form, the new positions after
         the past ones); with a window of w (Mask^ST), only the last w of those."""
+        key = ("causal", str(rows), str(cols), str(window))
+        if key in self.shared_tables:  # the same for every layer: made once
+            return self.shared_tables[key]
         zero, one = self.g.const(0, "int"), self.g.const(1, "int")
         first = self.scalar_size(cols - rows)
         r = self.g.op("Range", [first, self.scalar_size(cols), one], f"{label}/rows")
@@ -644,6 +649,7 @@ class Lowerer:
                                   self.g.const(0.0, "real")], label)
         v = V("real", (), (rows, cols), name=out)
         self.info(out, v)
+        self.shared_tables[key] = v
         return v
 
     def rotary_tables(self, r: Rotary, rows: Poly) -> tuple[str, str]:
@@ -1771,13 +1777,17 @@ def _rotary(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
     x, r, heads = found
     cos, sin = lw.rotary_tables(r, x.own[0])
     path = callee.path
-    # (onnxruntime wants ids for every row of the batch: the same ones)
-    rows = lw.g.op("Range", [lw.g.const(0, "int"), lw.scalar_size(x.own[0]),
-                             lw.g.const(1, "int")], f"{path}/ids")
-    batch = lw.g.op("Shape", [x.name], f"{path}/batch", start=0, end=1)
-    ids = lw.g.op("Expand", [lw.g.op("Unsqueeze", [rows, lw.g.ints([0])], f"{path}/ids"),
-                             lw.g.op("Concat", [batch, lw.g.ints([1])], f"{path}/ids",
-                                     axis=0)], f"{path}/ids")
+    key = ("rotary ids", str(x.own[0]))
+    if key not in lw.shared_tables:  # made once, for every layer
+        # (onnxruntime wants ids for every row of the batch: the same ones)
+        rows = lw.g.op("Range", [lw.g.const(0, "int"), lw.scalar_size(x.own[0]),
+                                 lw.g.const(1, "int")], "rotary/ids")
+        batch = lw.g.op("Shape", [x.name], "rotary/batch", start=0, end=1)
+        lw.shared_tables[key] = lw.g.op(
+            "Expand", [lw.g.op("Unsqueeze", [rows, lw.g.ints([0])], "rotary/ids"),
+                       lw.g.op("Concat", [batch, lw.g.ints([1])], "rotary/ids", axis=0)],
+            "rotary/ids")
+    ids = lw.shared_tables[key]
     out = lw.g.op("RotaryEmbedding", [x.name, cos, sin, ids], path,
                   interleaved=1 if r.interleaved else None,
                   rotary_embedding_dim=r.width if r.width != _int(x.own[1]) else None,
