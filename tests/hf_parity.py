@@ -31,14 +31,15 @@ def compile_targets(spec: str, sets: list[str], weights: Path, folder: Path) -> 
 
 
 def module(folder: Path):
-    """build() of a compiled model.py, with its weights.safetensors."""
+    """build() of a compiled model.py, with its weights.safetensors where it has one."""
     from safetensors.torch import load_file
-    spec = importlib.util.spec_from_file_location(f"fgc_{folder.parent.name}",
+    spec = importlib.util.spec_from_file_location(f"fgc_{folder.parent.name}_{folder.name}",
                                                   folder / "model.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     model = mod.build().eval()
-    model.load_state_dict(load_file(str(folder / "weights.safetensors")))
+    if (folder / "weights.safetensors").exists():
+        model.load_state_dict(load_file(str(folder / "weights.safetensors")))
     return model
 
 

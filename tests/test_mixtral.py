@@ -22,6 +22,7 @@ from hf_parity import (
     assert_presets_covered,
     assert_probabilities,
     compile_targets,
+    module,
     tokens,
 )
 
@@ -126,11 +127,7 @@ def _flops(tmp_path: Path, E: int, K: int) -> int:
     out = tmp_path / f"out_{E}_{K}"
     r = fgc("compile", str(spec), "--target", "torch", "-o", str(out))
     assert r.returncode == 0, r.stderr
-    import importlib.util
-    found = importlib.util.spec_from_file_location(f"moe_{E}_{K}", out / "model.py")
-    mod = importlib.util.module_from_spec(found)
-    found.loader.exec_module(mod)
-    model = mod.build().eval()
+    model = module(out)
     with torch.no_grad(), FlopCounterMode(display=False) as counter:
         model(tokens(50, 16, B=4))
     return counter.get_total_flops()

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import ROOT, fgc, peaked_weights, tiny_sets
-from hf_parity import assert_greedy, assert_probabilities, tokens
+from hf_parity import assert_greedy, assert_probabilities, module, tokens
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -143,24 +143,12 @@ def turned(request, tmp_path_factory):
                 "-o", str(folder / target))
         assert r.returncode == 0, r.stderr
         if target == "torch":  # weights drawn large: a rotation by a small angle shows
-            model = _load(folder / "torch")
+            model = module(folder / "torch")
             peaked_weights(model)
             safetensors_torch.save_file(model.state_dict(),
                                         str(folder / "torch" / "weights.safetensors"))
         out[target] = folder / target
     return name, out
-
-
-def _load(folder: Path):
-    spec = importlib.util.spec_from_file_location(f"fgc_rotary_{folder.parent.name}",
-                                                  folder / "model.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    model = mod.build().eval()
-    weights = folder / "weights.safetensors"
-    if weights.exists():
-        model.load_state_dict(safetensors_torch.load_file(str(weights)))
-    return model
 
 
 @pytest.fixture(scope="module")
@@ -183,7 +171,7 @@ def test_each_variant_turns_as_transformers(turned):
     RotaryEmbedding at opset 23 and onnxruntime's) and the equations (opset 18)."""
     name, out = turned
     _, scaling, interleaved, width = VARIANTS[name]
-    model = _load(out["torch"])
+    model = module(out["torch"])
     state = model.state_dict()
     x = tokens(11, 12)
     with torch.no_grad():
@@ -228,7 +216,7 @@ def test_the_torch_tables_are_made_once(turned):
     """The generated `rotary` makes its cosines and sines once for every head, layer and
     call at a length, and again only for a longer run."""
     name, out = turned
-    model = _load(out["torch"])
+    model = module(out["torch"])
     tables = type(model).forward.__globals__["ROTARY"]  # model.py's own
     tables.clear()
     with torch.no_grad():
@@ -337,7 +325,7 @@ def _compile_decoder(spec: str, folder: Path, *extra: str) -> dict:
     out = {}
     r = fgc("compile", str(path), *sets, "--target", "torch", "-o", str(folder / "torch"))
     assert r.returncode == 0, r.stderr
-    model = _load(folder / "torch")
+    model = module(folder / "torch")
     torch.manual_seed(2)
     peaked_weights(model, norm_gain="gamma")
     safetensors_torch.save_file(model.state_dict(), str(folder / "weights.safetensors"))
@@ -405,7 +393,7 @@ def test_soft_capping_is_c_tanh_x_over_c(tmp_path):
         r = fgc("compile", str(spec), *TARGETS[target], *extra, "-o", str(tmp_path / target))
         assert r.returncode == 0, r.stderr
         if target == "torch":
-            model = _load(tmp_path / "torch")
+            model = module(tmp_path / "torch")
             with torch.no_grad():
                 model.W_e.mul_(300.0)  # past the cap
             safetensors_torch.save_file(model.state_dict(),

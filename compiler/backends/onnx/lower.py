@@ -1614,8 +1614,7 @@ def _attention(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
         k, v = lw.extend_cache(callee.path, k, v)
     grouped = False  # keys and values of G heads that ONNX's Attention shares out itself
     if e.attrs.get("groups") is not None:  # grouped-query: each query head's key and value
-        grouped = lw.opset >= 23 and lw.optimize != "ort" and \
-            _repeats(lw, e, e.attrs["groups"], callee.caller, k)
+        grouped = lw.opset >= 23 and _repeats(lw, e, e.attrs["groups"], callee.caller, k)
         if not grouped:
             k, v = (lw.gather_members(x, e, e.attrs["groups"], callee.caller,
                                       f"{callee.path}/{what}")
@@ -1651,7 +1650,9 @@ def _attention(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
     out_own = (q.own[0], v.own[-1])
     path = callee.path
     scale = intrinsic(callee.fn).scale  # None: 1/sqrt(d), every attention op's default
-    if fused and lw.optimize == "ort":
+    # (under --optimize ort too: onnxruntime's MultiHeadAttention would take A key/value
+    # heads, copied out of the G cached ones at every step)
+    if fused and lw.optimize == "ort" and not (lw.opset >= 23 and (grouped or cached)):
         out = _ort_attention(lw, q, k, v, causal, bias, _int(q.fam.size), path, scale)
         if bias is not None:  # onnxruntime's kernels give NaN for a fully masked query
             out = lw.g.op("Where", [lw.g.op("IsNaN", [out], f"{path}/masked"),
