@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -30,19 +31,13 @@ MARK = "moe-forward"
 POINTS = [(1, 16), (4, 128), (1, 512)]
 SIZES = dict(L=4, H=512, A=8, G=4, F=1024, E=8, K=2, V=32000, n=512)
 
-# the standard library's MoE under another name: a spec's own module is never an
-# intrinsic, so the backends run its equations, every expert at every position
-DENSE_MOE = """
-module MoEDense[E, K, F](X: R[n, H]) -> R[n, H] {
-  MoEDense(X) = sum(y_1, ..., y_E)
-    where g = Softmax(keeptopk(X @ W^router, K)),
-          y_e = g[:, e .. e] * ((SiLU(X @ W_e^gate) * (X @ W_e^up)) @ W_e^down) for e in 1..E
-  param W^router: R[H, E]
-  param W_e^gate: R[H, F] for e in 1..E
-  param W_e^up: R[H, F] for e in 1..E
-  param W_e^down: R[F, H] for e in 1..E
-}
-"""
+def dense_moe() -> str:
+    """The standard library's MoE under another name: a spec's own module is never an
+    intrinsic, so the backends run its equations, every expert at every position."""
+    stdlib = (ROOT / "compiler" / "stdlib" / "stdlib.fgpt").read_text()
+    start = stdlib.index("module MoE[")
+    text = stdlib[start:stdlib.index("\n}\n", start) + 3]
+    return re.sub(r"\bMoE\b", "MoEDense", text)
 
 
 def build(folder: Path, name: str, spec: Path, sets: dict, target: str):
@@ -85,7 +80,7 @@ def main() -> None:
     dense = {**common, "F": s["K"] * s["F"]}
     text = (ROOT / "specs" / "mixtral.fgpt").read_text()
     everything = folder / "mixtral_dense.fgpt"
-    everything.write_text(DENSE_MOE + text.replace("moe: MoE(", "moe: MoEDense("))
+    everything.write_text(dense_moe() + text.replace("moe: MoE(", "moe: MoEDense("))
     rows = []
     with torch.inference_mode():
         for target in ("torch", "onnx"):

@@ -202,9 +202,13 @@ def family_layout(dims: list, family):
     """How an indexed family of parameters is stored: one tensor, the family axis just
     before the member's last axis. W_i^Q ∈ R^{H×D} for i in 1..A is (H, A, D), so
     X @ W^Q for every head at once is one matrix product with the (H, A·D) view."""
-    if len(dims) >= 2:
-        return dims[:-1] + [family] + dims[-1:]
-    return [family] + dims
+    at = family_axis(len(dims))
+    return dims[:at] + [family] + dims[at:]
+
+
+def family_axis(rank: int) -> int:
+    """Where family_layout puts the family axis among a member's `rank` axes."""
+    return rank - 1 if rank >= 2 else 0
 
 
 def layers_attr(index: int) -> str:

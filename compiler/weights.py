@@ -21,7 +21,6 @@ scanned for NaN and Inf as it is converted (`Imported.nonfinite`, `nonfinite_mes
 
 from __future__ import annotations
 
-import contextlib
 import difflib
 import json
 import os
@@ -33,10 +32,10 @@ import numpy as np
 from runtime.files import FileError, open_atomic, open_regular
 
 from .elaborate import ir
-from .elaborate.elaborator import Statics
+from .elaborate.elaborator import Statics, member_key
 from .elaborate.symbolic import Poly
 from .errors import Diagnostic, FgcError, Span
-from .names import family_layout, ident, layers_attr
+from .names import family_axis, family_layout, ident, layers_attr
 from .passes.params import Entry, as_int
 from .syntax import nodes as S
 
@@ -425,11 +424,6 @@ def _import(cfg, checkpoint: S.Checkpoint | None, ckpt: Checkpoint, path: str,
         if found is None:
             return None
         used.add(found)
-        if steps and steps[0].name == "slice" and len(steps[0].args) == 2 and \
-                isinstance(steps[0].args[1], S.RangeSlice):  # which entries are read
-            with contextlib.suppress(FgcError):
-                ends = size(steps[0].args[1].lo), size(steps[0].args[1].hi)
-                read_parts.setdefault((found, steps[0].args[0]), []).append((*ends, span))
         info = raw[found]
         # the steps and the shape check run on the header's shape first (a stand-in
         # of no memory), so a mismatch is reported without reading the tensor
@@ -440,6 +434,9 @@ def _import(cfg, checkpoint: S.Checkpoint | None, ckpt: Checkpoint, path: str,
         except FgcError as e:
             errors.extend(e.diagnostics)
             return None
+        if steps and steps[0].name == "slice":  # which entries of the file's tensor are read
+            axis, ends = steps[0].args
+            read_parts.setdefault((found, axis), []).append((size(ends.lo), size(ends.hi), span))
         if tuple(x.shape) != expected:
             errors.append(Diagnostic(
                 "error", f"`{source}` has shape {list(info.shape)}"
@@ -490,7 +487,7 @@ def _import(cfg, checkpoint: S.Checkpoint | None, ckpt: Checkpoint, path: str,
                 source = rule.source.replace("{l}", str((layer or 1) - 1))
                 steps = rule.steps
                 span = rule.span
-            var = _member_var(entry)
+            var = (member_key(entry.declared) or (None, None))[1]
             if family is not None and var is not None and f"{{{var}}}" in source:
                 # one tensor per member (`experts.{e}.w1.weight`), stacked as a family
                 member = tuple(as_int(d) for d in entry.shape)
@@ -498,7 +495,7 @@ def _import(cfg, checkpoint: S.Checkpoint | None, ckpt: Checkpoint, path: str,
                            spec_name, layer, span) for k in range(family)]
                 if all(x is not None for x in xs):
                     out.tensors[target] = np.ascontiguousarray(
-                        np.stack(xs, axis=-2 if len(member) >= 2 else 0))
+                        np.stack(xs, axis=family_axis(len(member))))
                 continue
             x = read(source, steps, expected, family, spec_name, layer, span)
             if x is not None:
@@ -533,13 +530,6 @@ def _unread(name: str, axis: int, shape: tuple, parts: list) -> list[Diagnostic]
                        "are not this configuration's", parts[0][2],
                        "the slices of one tensor must cover it; check the hyperparameters "
                        "(--set) against the checkpoint's config")]
-
-
-def _member_var(entry: Entry) -> str | None:
-    """The index a parameter family is declared with (`e` of `W_e^gate`), which a
-    checkpoint name may hold as `{e}`: the member's own 0-based number."""
-    declared = entry.declared.split("^", 1)[0]
-    return declared.rsplit("_", 1)[1] if "_" in declared else None
 
 
 def _at(layer: int | None) -> str:

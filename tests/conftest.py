@@ -65,6 +65,11 @@ TINY_EXTRA = {
 }
 
 
+def set_args(values: dict) -> list[str]:
+    """`--set K=V` for each size, as a command line gives them."""
+    return [x for k, v in values.items() for x in ("--set", f"{k}={v}")]
+
+
 def tiny_sets(spec: str) -> dict:
     """The tiny configuration of a shipped spec (`specs/...`)."""
     return {**TINY, **TINY_EXTRA.get(spec, {})}

@@ -15,7 +15,7 @@ is refused with an error naming the tensor.
 from __future__ import annotations
 
 import pytest
-from conftest import fgc, peaked_weights
+from conftest import fgc, peaked_weights, set_args
 from hf_parity import module, tokens
 
 torch = pytest.importorskip("torch")
@@ -52,7 +52,7 @@ FAMILIES = {
 
 def _sets(spec: str) -> list[str]:
     values = {**_SETS, **FAMILIES[spec][3]}
-    return [x for k, v in values.items() for x in ("--set", f"{k}={v}")]
+    return set_args(values)
 
 
 def _released(spec: str, folder):

@@ -14,7 +14,7 @@ cache holds the G key/value heads.
 from __future__ import annotations
 
 import pytest
-from conftest import peaked_weights
+from conftest import peaked_weights, set_args
 from hf_parity import (
     assert_greedy,
     assert_preset_count,
@@ -116,7 +116,7 @@ def _sets(spec, H, A, G, F, V, n, theta, w, tied, L=2) -> list[str]:
         values["w"] = w
     if tied:
         values["tied"] = 1
-    return [x for k, v in values.items() for x in ("--set", f"{k}={v}")]
+    return set_args(values)
 
 
 @pytest.fixture(scope="module", params=CASES, ids=IDS)

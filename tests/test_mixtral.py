@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import fgc, peaked_weights
+from conftest import fgc, peaked_weights, set_args
 from hf_parity import (
     assert_greedy,
     assert_preset_count,
@@ -67,7 +67,7 @@ def _reference(H, A, G, F, E, K, V, n, L=2):
 
 def _sets(H, A, G, F, E, K, V, n, L=2) -> list[str]:
     values = dict(L=L, H=H, A=A, G=G, F=F, E=E, K=K, V=V, n=n, theta=10000.0)
-    return [x for k, v in values.items() for x in ("--set", f"{k}={v}")]
+    return set_args(values)
 
 
 @pytest.fixture(scope="module", params=CASES, ids=IDS)

@@ -17,7 +17,7 @@ nothing reads, rather than read wrongly.
 from __future__ import annotations
 
 import pytest
-from conftest import fgc, peaked_weights
+from conftest import fgc, peaked_weights, set_args
 from hf_parity import (
     assert_greedy,
     assert_preset_count,
@@ -112,7 +112,7 @@ def _sets(spec, H, A, F, V, extra, G=None, L=2) -> list[str]:
     values = dict(L=L, H=H, A=A, F=F, V=V, n=N, **extra)
     if spec == "phi3":
         values["G"] = G or extra.get("G", A)
-    return [x for k, v in values.items() for x in ("--set", f"{k}={v}")]
+    return set_args(values)
 
 
 @pytest.fixture(scope="module", params=CASES, ids=IDS)

@@ -13,7 +13,7 @@ generation with the key/value cache (`step()`) gives transformers' `generate` id
 from __future__ import annotations
 
 import pytest
-from conftest import peaked_weights
+from conftest import peaked_weights, set_args
 from hf_parity import (
     assert_greedy,
     assert_preset_count,
@@ -114,7 +114,7 @@ def _sets(spec, H, A, G, D, F, V, tied, file_has_head, L=2) -> list[str]:
         values["D"] = D
     if spec != "gemma":
         values["tied"] = int(tied)
-    return [x for k, v in values.items() for x in ("--set", f"{k}={v}")]
+    return set_args(values)
 
 
 @pytest.fixture(scope="module", params=CASES, ids=IDS)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ROOT, fgc, peaked_weights, tiny_sets
+from conftest import ROOT, fgc, peaked_weights, set_args, tiny_sets
 from hf_parity import assert_greedy, assert_probabilities, module, tokens
 
 torch = pytest.importorskip("torch")
@@ -282,8 +282,7 @@ def scaled_llama(request, tmp_path_factory):
                                 str(weights))
     out = {}
     for target in ("torch", "onnx", "ort"):
-        r = fgc("compile", str(spec), *(x for k, v in sizes.items() for x in
-                                        ("--set", f"{k}={v}")),
+        r = fgc("compile", str(spec), *set_args(sizes),
                 "--weights", str(weights), *TARGETS[target], "-o", str(folder / target))
         assert r.returncode == 0, r.stderr
         out[target] = folder / target
@@ -319,8 +318,7 @@ def _own_names(spec: str, folder: Path) -> Path:
 
 
 def _compile_decoder(spec: str, folder: Path, *extra: str) -> dict:
-    sets = [x for k, v in tiny_sets(f"specs/{spec}.fgpt").items() for x in
-            ("--set", f"{k}={v}")]
+    sets = set_args(tiny_sets(f"specs/{spec}.fgpt"))
     path = _own_names(spec, folder)
     out = {}
     r = fgc("compile", str(path), *sets, "--target", "torch", "-o", str(folder / "torch"))

@@ -16,7 +16,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import fgc, peaked_weights
+from conftest import fgc, peaked_weights, set_args
 from hf_parity import TOL, compile_targets, module
 
 torch = pytest.importorskip("torch")
@@ -25,7 +25,7 @@ safetensors_torch = pytest.importorskip("safetensors.torch")
 ort = pytest.importorskip("onnxruntime")
 
 SIZES = dict(L=2, Ld=3, H=24, A=3, D=5, F=40, V=37, n=30, m=30, Nb=10, Md=20)
-SETS = [x for k, v in SIZES.items() for x in ("--set", f"{k}={v}")]
+SETS = set_args(SIZES)
 LENGTHS = [(30, 30), (23, 7), (5, 12), (1, 1)]  # (source, target)
 
 

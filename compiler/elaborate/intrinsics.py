@@ -33,9 +33,9 @@ BY_MEANING = frozenset({NO_MASK, CAUSAL, WINDOW})
 @dataclass(frozen=True)
 class Intrinsic:
     name: str  # the standard-library module
-    kind: str  # attention | mask | layer_norm | rms_norm | softmax | gelu | silu | onehot | concat
-    # | moe | ...
-    #            | rotary
+    # attention | mask | layer_norm | rms_norm | softmax | gelu | silu | onehot | concat |
+    # moe | rotary
+    kind: str
     mask: str | None = None  # masks: one of NO_MASK, CAUSAL, STRICT_CAUSAL, WINDOW
     approximate: str | None = None  # gelu: tanh | none (erf)
     offset: float = 0.0  # rms_norm: the scale is offset + gamma (Gemma stores it from 1)
@@ -44,6 +44,8 @@ class Intrinsic:
     scale: float | None = None  # attention: the factor of the scores (None: 1/sqrt(d))
     width: str | None = None  # window masks: the hyperparameter that is the window's width
     positionwise: bool = False  # acts on each position alone (the incremental analysis)
+    chosen: str | None = None  # moe: the hyperparameter that is how many experts each
+    # position goes to
     # rotary positions: the hyperparameter that is how many leading features turn (None: all
     # of them), whether features 2k-1 and 2k turn together (else k and k + d/2, "rotate
     # half"), and how the frequencies are scaled (a key of SCALINGS)
@@ -71,7 +73,7 @@ INTRINSICS: dict[str, Intrinsic] = {i.name: i for i in (
     Intrinsic("OneHot^mat", "onehot", positionwise=True),
     Intrinsic("Concat", "concat"),
     Intrinsic("MoE", "moe", params=("W^router", "W^gate", "W^up", "W^down"),
-              positionwise=True),
+              positionwise=True, chosen="K"),
     Intrinsic("RoPE", "rotary"),
     Intrinsic("RoPE^partial", "rotary", rotated="r"),
     Intrinsic("RoPE^interleaved", "rotary", interleaved=True),

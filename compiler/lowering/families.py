@@ -148,6 +148,21 @@ def mentions(o: ir.Operand, var: str) -> bool:
     return o.name is None and isinstance(o.const, Poly) and var in o.const.symbols()
 
 
+def picks(index: Poly, var: str, count: int, env: dict) -> list[Poly]:
+    """index(i) for i = 1 .. count at one configuration (`env`: sizes as numbers): the
+    member each member of a family reads through an index map."""
+    return [index.subs({**env, var: Poly.const(i)}) for i in range(1, count + 1)]
+
+
+def in_order(read: list[int], kv: int) -> bool:
+    """Whether members 1 .. A (`read`, the 1-based members of a family of `kv` each reads)
+    share the kv members in order, A / kv consecutive ones each (query head i reading key
+    head (i - 1) div (A / kv) + 1): the sharing attention operators do themselves, given
+    the kv heads as they are (ONNX's Attention, PyTorch's enable_gqa)."""
+    heads = len(read)
+    return kv > 0 and heads % kv == 0 and read == [i // (heads // kv) + 1 for i in range(heads)]
+
+
 def index_maps(model: ir.Model, functions: dict[str, ir.Function], values: dict,
                label: str) -> list[Diagnostic]:
     """At one configuration (`values`: the model's sizes as numbers), through each module
@@ -250,8 +265,7 @@ def index_maps(model: ir.Model, functions: dict[str, ir.Function], values: dict,
                 if t is None or not count.is_const() or not t.family.subs(env).is_const():
                     continue
                 size = t.family.subs(env).const_value()
-                for i in range(1, int(count.const_value()) + 1):
-                    k = o.member.subs({**env, var: Poly.const(i)})
+                for i, k in enumerate(picks(o.member, var, int(count.const_value()), env), 1):
                     if not k.is_const() or not 1 <= k.const_value() <= size:
                         errors.append(Diagnostic(
                             "error", f"{label}: `{o.name}_{{...}}`: member {i} reads member "

@@ -36,7 +36,7 @@ from ...elaborate.intrinsics import intrinsic
 from ...elaborate.ir import Ell, Eqn, Operand, sequence_symbols
 from ...elaborate.symbolic import Atom, Poly, format_poly
 from ...lowering import prepare
-from ...lowering.families import has_params
+from ...lowering.families import has_params, in_order, picks
 from ...lowering.layers import invariant
 from ...lowering.layout import shifted
 from ...lowering.masks import site_kinds
@@ -152,7 +152,6 @@ class Lowerer:
         self.generated: str | None = None  # run-time name of the generated length
         # tensors every layer reads alike (causal tables, rotary position ids), made once
         self.shared_tables: dict[tuple, object] = {}
-        self.rotations: dict[tuple, tuple[str, str]] = {}  # see rotary_tables
 
     # ---------------------------------------------------------------- helpers
     def _role(self, size: Poly, label: str) -> Role:
@@ -610,11 +609,8 @@ class Lowerer:
         if x.fam is None:
             raise Unsupported(f"`{e.ins[0].name}` is not a family here")
         role = self.family_role(e, scope)
-        var, size = e.family
-        picks = [_int(self.ev(index.subs({var: Poly.const(i)}), scope.penv)) - 1
-                 for i in range(1, _int(self.ev(size, scope.penv)) + 1)]
-        out = self.g.op("Gather", [x.name, self.g.ints(picks)], label,
-                        axis=x.roles.index(x.fam))
+        out = self.g.op("Gather", [x.name, self.g.ints([k - 1 for k in self.picks(
+            e, index, scope)])], label, axis=x.roles.index(x.fam))
         roles = tuple(role if r is x.fam else r for r in x.roles)
         ordered = tuple(sorted(roles, key=lambda r: r.order))
         if ordered != roles:
@@ -624,6 +620,12 @@ class Lowerer:
         v = V(x.dtype, ordered, x.own, name=out, offset=x.offset, fam=role)
         self.info(out, v)
         return v
+
+    def picks(self, e: Eqn, index: Poly, scope: Scope) -> list[int]:
+        """The member of a family each member i of e's reads through `index` (1-based)."""
+        var, size = e.family
+        env = {k: v for k, v in scope.penv.items() if isinstance(v, Poly)}
+        return [_int(k) for k in picks(index, var, _int(self.ev(size, scope.penv)), env)]
 
     def causal_table(self, rows: Poly, cols: Poly, label: str, window: Poly | None = None
                      ) -> V:
@@ -656,8 +658,8 @@ class Lowerer:
         """The cosines and sines by which a rotation turns `rows` positions, (rows, width / 2)
         each, from the past's length on in the incremental form (where the module's own
         tables would be read from): made once for every layer that turns alike."""
-        key = (r, str(rows))
-        if key not in self.rotations:
+        key = ("rotary", r, str(rows))
+        if key not in self.shared_tables:
             label = "rotary"
             first = self.from_past(rows)
             positions = self.g.op("Range", [self.scalar_size(first),
@@ -670,11 +672,11 @@ class Lowerer:
                 f", {r.scaling} scaling {list(r.factors)}" if r.factors else "")
             f = self.g.initializer(f"{label}/frequencies", frequencies(r), what)
             angles = self.g.op("Mul", [positions, f], f"{label}/angles")
-            self.rotations[key] = (self.g.op("Cos", [angles], f"{label}/cos"),
-                                   self.g.op("Sin", [angles], f"{label}/sin"))
-            for t in self.rotations[key]:
+            self.shared_tables[key] = (self.g.op("Cos", [angles], f"{label}/cos"),
+                                       self.g.op("Sin", [angles], f"{label}/sin"))
+            for t in self.shared_tables[key]:
                 self.g.info(t, "real", [dim_text(rows), r.width // 2])
-        return self.rotations[key]
+        return self.shared_tables[key]
 
     def plus_bias(self, bias: V, table: V, label: str) -> V:
         """A mask's bias plus its table: one additive mask."""
@@ -1493,22 +1495,13 @@ def _moe(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
     are gathered (NonZero), run through its SwiGLU and added back in place (ScatterND's
     add). Each expert's matrices are a Gather of the family's stored tensor at a constant
     member, which onnxruntime folds into a tensor of its own when the session loads."""
-    x = lw.as_real(lw.canonical(ins[0]))
+    x, (router, gate, up, down), rows, logits, k = _moe_router(lw, callee, ins)
     path = callee.path
-    router, gate, up, down = (lw.param(callee, name, None)
-                              for name in intrinsic(callee.fn).params)
-    experts = _int(router.own[-1])
-    k = lw.size(lw.ev(Poly.sym("K"), callee.penv))
-    width = lw.g.ints([_int(router.own[0])])
-    shape = lw.g.op("Shape", [x.name], f"{path}/shape")
-    rows = lw.g.op("Reshape", [x.name, lw.g.op("Concat", [lw.g.ints([-1]), width],
-                                                f"{path}/rows", axis=0)], f"{path}/rows")
-    logits = lw.g.op("MatMul", [rows, router.name], f"{path}/router")
-    top, chosen = lw.g.node("TopK", [logits, k], f"{path}/top", 2, axis=-1, largest=1,
-                            sorted=1)
+    top, chosen = lw.g.node("TopK", [logits, lw.g.ints([k])], f"{path}/top", 2, axis=-1,
+                            largest=1, sorted=1)
     weight = lw.g.op("Softmax", [top], f"{path}/weight", axis=-1)
     out = lw.g.op("Mul", [rows, lw.g.const(0.0, "real")], f"{path}/zeros")
-    for expert in range(experts):
+    for expert in range(_int(router.own[-1])):
         at = f"{path}/expert{expert + 1}"
         member = lw.g.const(expert, "int")
         pairs = lw.g.op("NonZero", [lw.g.op("Equal", [chosen, member], at)], at)  # (2, M)
@@ -1524,8 +1517,19 @@ def _moe(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
         y = lw.g.op("Mul", [y, lw.g.op("Unsqueeze", [w, lw.g.ints([1])], at)], at)
         where = lw.g.op("Unsqueeze", [picked, lw.g.ints([1])], at)
         out = lw.g.op("ScatterND", [out, where, y], at, reduction="add")
-    out = lw.g.op("Reshape", [out, shape], path)
-    return [_like(lw, x, out)]
+    return [_like(lw, x, lw.g.op("Reshape", [out, lw.g.op("Shape", [x.name], path)], path))]
+
+
+def _moe_router(lw: Lowerer, callee: Scope, ins: list[V]):
+    """What both forms of MoE start from: X, the four parameters, X's positions as rows
+    (N, H), the router's logits (N, E) and K."""
+    x = lw.as_real(lw.canonical(ins[0]))
+    params = [lw.param(callee, name, None) for name in intrinsic(callee.fn).params]
+    rows = lw.g.op("Reshape", [x.name, lw.g.ints([-1, _int(params[0].own[0])])],
+                   f"{callee.path}/rows")
+    logits = lw.g.op("MatMul", [rows, params[0].name], f"{callee.path}/router")
+    chosen = intrinsic(callee.fn).chosen
+    return x, params, rows, logits, _int(lw.ev(Poly.sym(chosen), callee.penv))
 
 
 def _ort_moe(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
@@ -1534,11 +1538,9 @@ def _ort_moe(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
     matrices are one [E, 2F, H] tensor, their rows interleaved (swiglu_fusion 1, what its
     CPU kernel takes; activation_alpha 1, activation_beta 0 and no limit make it SiLU(gate)
     times up)."""
-    x = lw.as_real(lw.canonical(ins[0]))
+    x, (router, gate, up, down), rows, logits, k = _moe_router(lw, callee, ins)
     path = callee.path
-    router, gate, up, down = (lw.param(callee, name, None)
-                              for name in intrinsic(callee.fn).params)
-    experts, width = _int(router.own[-1]), _int(router.own[0])
+    experts = _int(router.own[-1])
     arrays = [lw.g.initializers[p.stored] for p in (gate, up, down)]
     h, f = arrays[0].shape[0], arrays[0].shape[-1]
     paired = np.stack([arrays[0].transpose(1, 2, 0), arrays[1].transpose(1, 2, 0)], axis=2)
@@ -1546,15 +1548,10 @@ def _ort_moe(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
                            f"{gate.stored}, {up.stored}: their rows interleaved, per expert")
     fc2 = lw.g.initializer(f"{path}/fc2", np.ascontiguousarray(arrays[2].transpose(1, 2, 0)),
                            f"{down.stored}, per expert")
-    shape = lw.g.op("Shape", [x.name], f"{path}/shape")
-    rows = lw.g.op("Reshape", [x.name, lw.g.ints([-1, width])], f"{path}/rows")
-    logits = lw.g.op("MatMul", [rows, router.name], f"{path}/router")
-    k = _int(lw.ev(Poly.sym("K"), callee.penv))
     out = lw.g.op("MoE", [rows, logits, fc1, "", fc2], path, domain=ORT_DOMAIN, k=k,
                   normalize_routing_weights=1, activation_type="swiglu", swiglu_fusion=1,
                   activation_alpha=1.0, activation_beta=0.0, swiglu_limit=float("inf"))
-    out = lw.g.op("Reshape", [out, shape], path)
-    return [_like(lw, x, out)]
+    return [_like(lw, x, lw.g.op("Reshape", [out, lw.g.op("Shape", [x.name], path)], path))]
 
 
 def _ort_silu(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
@@ -1612,13 +1609,20 @@ def _attention(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
     cached = callee.path in lw.sites
     if cached:  # the incremental form: keys of the earlier positions too
         k, v = lw.extend_cache(callee.path, k, v)
-    grouped = False  # keys and values of G heads that ONNX's Attention shares out itself
-    if e.attrs.get("groups") is not None:  # grouped-query: each query head's key and value
-        grouped = lw.opset >= 23 and _repeats(lw, e, e.attrs["groups"], callee.caller, k)
-        if not grouped:
-            k, v = (lw.gather_members(x, e, e.attrs["groups"], callee.caller,
-                                      f"{callee.path}/{what}")
-                    for x, what in ((k, "K"), (v, "V")))
+    # grouped-query: keys and values of G heads, which ONNX's Attention shares out itself
+    # where query head i reads head (i - 1) div (A / G) + 1; else each query head's picked
+    grouped = e.attrs.get("groups") is not None
+
+    def picked() -> tuple[V, V]:
+        return tuple(lw.gather_members(x, e, e.attrs["groups"], callee.caller,
+                                       f"{callee.path}/{what}")
+                     for x, what in ((k, "K"), (v, "V")))
+    if grouped and not (lw.opset >= 23 and q.fam is not None and
+                        all(x.fam is not None and x.roles == (lw.batch, x.fam)
+                            for x in (q, k, v)) and
+                        in_order(lw.picks(e, e.attrs["groups"], callee.caller),
+                                 _int(k.fam.size))):
+        (k, v), grouped = picked(), False
     if kind is not None and kind.window:  # a band of the keys, aligned to their end
         mask = lw.causal_table(q.own[0], k.own[0], f"{callee.path}/Mask^ST", window=mask.lazy)
         kind = None
@@ -1630,16 +1634,8 @@ def _attention(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
     causal = kind is not None and kind.causal
     if kind is not None:
         mask = None  # attention runs it as is_causal, or without a mask
-    fused = q.fam is not None and q.fam is k.fam is v.fam and q.roles == (lw.batch, q.fam) \
-        and k.roles == q.roles and v.roles == q.roles
-    if grouped:
-        fused = q.fam is not None and q.roles == (lw.batch, q.fam) and \
-            k.roles == (lw.batch, k.fam) and v.roles == (lw.batch, v.fam)
-        if not fused:
-            k, v = (lw.gather_members(x, e, e.attrs["groups"], callee.caller,
-                                      f"{callee.path}/{what}")
-                    for x, what in ((k, "K"), (v, "V")))
-            grouped = False
+    fused = grouped or q.fam is not None and q.fam is k.fam is v.fam and \
+        q.roles == (lw.batch, q.fam) and k.roles == q.roles and v.roles == q.roles
     bias = None
     if fused and mask is not None:
         m = lw.as_real(lw.canonical(mask))
@@ -1647,19 +1643,16 @@ def _attention(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
             bias = lw.align(m, q.roles, 2, full=lw.optimize == "ort")
         else:
             fused = False
+    if grouped and not fused:  # the equations read each query head's own keys
+        (k, v), grouped = picked(), False
     out_own = (q.own[0], v.own[-1])
     path = callee.path
     scale = intrinsic(callee.fn).scale  # None: 1/sqrt(d), every attention op's default
-    # (under --optimize ort too: onnxruntime's MultiHeadAttention would take A key/value
-    # heads, copied out of the G cached ones at every step)
-    if fused and lw.optimize == "ort" and not (lw.opset >= 23 and (grouped or cached)):
-        out = _ort_attention(lw, q, k, v, causal, bias, _int(q.fam.size), path, scale)
-        if bias is not None:  # onnxruntime's kernels give NaN for a fully masked query
-            out = lw.g.op("Where", [lw.g.op("IsNaN", [out], f"{path}/masked"),
-                                    lw.g.const(0.0, "real"), out], f"{path}/safe")
-    elif fused and lw.opset >= 23 and (grouped or cached):
+    if fused and (grouped or cached and lw.opset >= 23):
         # heads as an axis: the cached keys and values as they are held, G of them where
-        # grouped (ONNX's Attention gives query head i key/value head i // (A / G))
+        # grouped (ONNX's Attention gives query head i key/value head i // (A / G)); under
+        # --optimize ort too, where MultiHeadAttention would take A heads copied out of the
+        # G cached ones at every step
         inputs = [lw.as_real(lw.canonical(x)).name for x in (q, k, v)]
         if bias is not None:
             inputs.append(bias)
@@ -1667,6 +1660,11 @@ def _attention(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
         res = V("real", q.roles, out_own, name=out, fam=q.fam)
         lw.info(out, res)
         return [res]
+    if fused and lw.optimize == "ort":
+        out = _ort_attention(lw, q, k, v, causal, bias, _int(q.fam.size), path, scale)
+        if bias is not None:  # onnxruntime's kernels give NaN for a fully masked query
+            out = lw.g.op("Where", [lw.g.op("IsNaN", [out], f"{path}/masked"),
+                                    lw.g.const(0.0, "real"), out], f"{path}/safe")
     elif fused and lw.opset >= 23:
         heads = _int(q.fam.size)
         inputs = [lw.packed_form(q), lw.packed_form(k), lw.packed_form(v)]
@@ -1679,19 +1677,6 @@ def _attention(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
     res = V("real", q.roles, out_own, packed=out, fam=q.fam)
     lw.info(out, res, packed=True)
     return [res]
-
-
-def _repeats(lw: Lowerer, e: Eqn, index: Poly, scope: Scope, k: V) -> bool:
-    """Whether grouped-query attention's map gives query head i (0-based) key/value head
-    i // (A / G), the sharing ONNX's Attention does itself with G key/value heads."""
-    var, size = e.family
-    heads = _int(lw.ev(size, scope.penv))
-    kv = _int(k.fam.size) if k.fam is not None else 0
-    if not kv or heads % kv:
-        return False
-    picks = [_int(lw.ev(index.subs({var: Poly.const(i)}), scope.penv)) - 1
-             for i in range(1, heads + 1)]
-    return picks == [i // (heads // kv) for i in range(heads)]
 
 
 def _attention_equations(lw: Lowerer, callee: Scope, q: V, k: V, v: V, mask: V | None,

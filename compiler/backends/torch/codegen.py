@@ -1227,8 +1227,9 @@ def _rotary(b: Body, fn: ir.Function, inputs: list[str]) -> list[Line]:
 
 
 def _moe(b: Body, fn: ir.Function, inputs: list[str]) -> list[Line]:
-    params = [dotted(f"self.{ident(p)}") for p in intrinsic(fn).params]
-    return [Line(Return(call("moe", Name(inputs[0]), *params, dotted("self.K"))),
+    i = intrinsic(fn)
+    params = [dotted(f"self.{ident(p)}") for p in i.params]
+    return [Line(Return(call("moe", Name(inputs[0]), *params, dotted(f"self.{ident(i.chosen)}"))),
                  "only each position's K chosen experts are computed")]
 
 
