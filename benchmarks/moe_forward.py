@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 MARK = "moe-forward"
-POINTS = [(1, 16), (4, 128), (1, 512)]
+POINTS = [(1, 1), (1, 16), (4, 128), (1, 512)]
 SIZES = dict(L=4, H=512, A=8, G=4, F=1024, E=8, K=2, V=32000, n=512)
 
 def dense_moe() -> str:

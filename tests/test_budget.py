@@ -74,7 +74,7 @@ def test_onnx_of_100000_layers_is_refused_with_the_estimate(tmp_path):
     assert r.returncode == 1, r.stderr
     assert "Traceback" not in r.stderr
     assert "gpt2.fgpt:" in r.stderr  # located at the layer loop
-    assert "the ONNX graph would have about 7,400,030 nodes and initializers" in r.stderr
+    assert "the ONNX graph would have about 6,500,030 nodes and initializers" in r.stderr
     assert "× 100,000 layers" in r.stderr and f"limit is {budget.MAX_ONNX_ENTRIES:,}" in r.stderr
     assert "--set L=" in r.stderr  # says how many layers fit
     assert not out.exists() or not any(out.iterdir())

@@ -129,8 +129,12 @@ def test_names_trace_to_the_spec(compiled):
     model = onnx.load(str(compiled("specs/gpt2.fgpt") / "model.onnx"))
     g = model.graph
     inits = {t.name for t in g.initializer}
-    assert {"W_e", "W_p", "layer1/attn/W_Q", "layer2/attn/W_O", "layer2/mlp/W_1",
+    # the query, key and value projections of one input are one product by their weights
+    # side by side (lowering/products.py), named by all three
+    assert {"W_e", "W_p", "layer1/attn/W_Q+W_K+W_V", "layer2/attn/W_O", "layer2/mlp/W_1",
             "layer1/ln_1/gamma", "ln_f/beta"} <= inits
+    docs = {t.name: t.doc_string for t in g.initializer}
+    assert docs["layer1/attn/W_Q+W_K+W_V"] == "W_Q, W_K, W_V side by side: one product"
     assert [i.name for i in g.input] == ["x"]
     assert [o.name for o in g.output] == ["GPT", "logits"]
     docs = [n.doc_string for n in g.node if n.name.startswith("layer1/attn")]

@@ -33,10 +33,24 @@ class Node:
     attrs: dict = field(default_factory=dict)
 
 
+class Joined:
+    """Matrices side by side (their last axes joined), as one initializer: joined only
+    when written, so the parts (memory-mapped checkpoint tensors) are not copied before."""
+
+    def __init__(self, parts: list[np.ndarray]):
+        self.parts = parts
+        self.dtype = parts[0].dtype
+        self.shape = (*parts[0].shape[:-1], sum(p.shape[-1] for p in parts))
+        self.nbytes = sum(p.nbytes for p in parts)
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        return np.concatenate(self.parts, axis=-1).astype(dtype or self.dtype, copy=False)
+
+
 class Graph:
     def __init__(self) -> None:
         self.nodes: list[Node | None] = []  # None: a node a fusion replaced
-        self.initializers: dict[str, np.ndarray] = {}
+        self.initializers: dict[str, np.ndarray | Joined] = {}
         self.init_doc: dict[str, str] = {}
         self.value_info: dict[str, tuple[int, list]] = {}  # name -> (elem type, dims)
         self.taken: set[str] = set()
@@ -165,7 +179,7 @@ class Graph:
                 blobs.append((_header(k, arr, self.init_doc.get(k, "")), arr))
                 continue
             else:
-                t = numpy_helper.from_array(arr, k)
+                t = numpy_helper.from_array(np.asarray(arr), k)
                 t.doc_string = self.init_doc.get(k, "")
             inits.append(t)
         graph_inputs = [helper.make_tensor_value_info(n, DTYPES[d], dims)

@@ -40,11 +40,12 @@ from ...lowering.families import has_params, in_order, picks
 from ...lowering.layers import invariant
 from ...lowering.layout import shifted
 from ...lowering.masks import site_kinds
+from ...lowering.products import groups
 from ...lowering.rotary import Rotary, frequencies, rotary
 from ...lowering.signature import LOGITS, PAST, by_position, run_lengths, signature
 from ...names import family_layout, ident
 from ...passes.incremental import Incremental, derive
-from .graph import ORT_DOMAIN, Graph, Node
+from .graph import ORT_DOMAIN, Graph, Joined, Node
 
 DEFAULT_OPSET = 23
 MIN_OPSET = 18
@@ -82,7 +83,7 @@ class V:
     offset: int = 0  # integers: the spec's value is stored + offset (ids are 0-based)
     fam: Role | None = None  # the value's own family axis (one of roles)
     packed: str | None = None
-    kind: str | None = None  # proj: lowered lazily
+    kind: str | None = None  # proj, cache: lowered lazily
     lazy: object = None  # kind-specific data
     stored: str | None = None  # a family of matrices as stored: family_layout order
 
@@ -114,6 +115,8 @@ class Scope:
         self.caller: Scope | None = None  # the scope of the call that inlines this one
         self.ells: dict[str, tuple] = {}  # `...` in the signature -> the dims it stands for
         self.masks: dict = {}  # input -> the MaskKind this use gives it (lowering/masks.py)
+        self.joined: dict[str, dict[str, V] | None] = {}  # grouped products (Lowerer.
+        # grouped_product), by the group's first
 
 
 class Lowerer:
@@ -152,6 +155,7 @@ class Lowerer:
         self.generated: str | None = None  # run-time name of the generated length
         # tensors every layer reads alike (causal tables, rotary position ids), made once
         self.shared_tables: dict[tuple, object] = {}
+        self.groups: dict[str, dict] = {}  # module -> its grouped products (lowering.products)
 
     # ---------------------------------------------------------------- helpers
     def _role(self, size: Poly, label: str) -> Role:
@@ -327,6 +331,13 @@ class Lowerer:
             return v
         if v.kind == "proj" and v.packed is None:
             self.project(v)
+        if v.kind == "cache":  # the past's keys or values, then this call's
+            past, new, present = v.lazy
+            new = self.canonical(new)
+            v.name = self.g.op("Concat", [past, new.name], present, axis=len(new.roles))
+            self.presents[present] = v.name
+            self.info(v.name, v)
+            return v
         if v.packed is not None:
             roles = [r for r in v.roles if r is not v.fam]
             k = v.roles.index(v.fam)
@@ -383,6 +394,54 @@ class Lowerer:
         v.packed = out
         self.info(out, v, packed=True)
         return out
+
+    def grouped_product(self, e: Eqn, x: V, scope: Scope) -> V | None:
+        """`e`'s product where it is one of a group by one operand (lowering.products): the
+        group's one MatMul by its weights side by side, split; None where the weights are
+        not plain matrices."""
+        if scope.fn is None:
+            return None
+        if scope.fn.name not in self.groups:
+            self.groups[scope.fn.name] = groups(scope.fn)
+        group = self.groups[scope.fn.name].get(e.outs[0].name)
+        if group is None:
+            return None
+        first = group[0].outs[0].name
+        if first not in scope.joined:
+            scope.joined[first] = self._join(group, x, scope)
+        made = scope.joined[first]
+        return None if made is None else made[e.outs[0].name]
+
+    def _join(self, group: tuple[Eqn, ...], x: V, scope: Scope) -> dict[str, V] | None:
+        if x.dtype != "real" or x.fam is not None or not x.own:
+            return None
+        ws = [self.operand(m.ins[1], m, scope) for m in group]
+        tensors = [w.stored if w.fam is not None else w.name for w in ws]
+        if any(len(w.own) != 2 or t not in self.g.initializers for w, t in zip(ws, tensors)):
+            return None
+        rows = _int(ws[0].own[0])
+        parts = [self.g.initializers[t] for t in tensors]
+        parts = [p.reshape(rows, -1) for p in parts]
+        if any(p.shape[0] != rows for p in parts):
+            return None
+        names = [ident(m.ins[1].name) for m in group]
+        w = self.g.initializer(f"{scope.path}/{'+'.join(names)}", Joined(parts),
+                               f"{', '.join(names)} side by side: one product")
+        prod = self.g.op("MatMul", [self.canonical(x).name, w], f"{scope.path}/{'+'.join(names)}")
+        outs = self.g.node("Split", [prod, self.g.ints([p.shape[1] for p in parts])],
+                           f"{prod}/split", len(group), axis=-1)
+        made = {}
+        for m, wv, t, out in zip(group, ws, tensors, outs):
+            own = self.own(m.outs[0].type, scope)
+            if wv.fam is None:
+                v = V("real", x.roles, own, name=out)
+                self.info(out, v)
+            else:
+                v = V("real", self.merge_roles(x, wv), own, fam=wv.fam, kind="proj",
+                      packed=out, lazy=(x, t, None))
+                self.info(out, v, packed=True)
+            made[m.outs[0].name] = v
+        return made
 
     # ---------------------------------------------------------------- alignment
     def merge_roles(self, *vals: V) -> tuple[Role, ...]:
@@ -587,19 +646,13 @@ class Lowerer:
 
     def extend_cache(self, path: str, k: V, v: V) -> tuple[V, V]:
         """An attention of the incremental form: the past keys and values before this
-        call's, and the result is the present."""
+        call's, and the result is the present. Lazy: a Concat where something reads the
+        whole (`canonical`), or the past and the new given to ONNX's Attention apart."""
         pk, pv, rk, rv = self.sites[path]
         total = Poly.sym(PAST) + k.own[0]
-        out = []
-        for new, past, present in ((k, pk, rk), (v, pv, rv)):
-            new = self.canonical(new)
-            axis = len(new.roles)
-            cat = self.g.op("Concat", [past, new.name], present, axis=axis)
-            self.presents[present] = cat
-            val = V("real", new.roles, (total, *new.own[1:]), name=cat, fam=new.fam)
-            self.info(cat, val)
-            out.append(val)
-        return out[0], out[1]
+        return tuple(V("real", new.roles, (total, *new.own[1:]), fam=new.fam, kind="cache",
+                       lazy=(past, new, present))
+                     for new, past, present in ((k, pk, rk), (v, pv, rv)))
 
     def gather_members(self, x: V, e: Eqn, index: Poly, scope: Scope, label: str) -> V:
         """Family `x` regrouped for e's family (`scope` is e's): member i is x's member
@@ -980,6 +1033,14 @@ def _binary(lw: Lowerer, e: Eqn, ins: list[V], scope: Scope) -> V:
     if e.op == "add" and a.kind == "proj" and a.lazy[2] is None and b.fam is a.fam and \
             b.name in lw.g.initializers and len(b.own) == 1:
         # X @ W_i + b_i: the bias joins the one GEMM of the projection
+        if a.packed is not None:  # made already, by a group's product
+            h = _int(a.fam.size) * _int(a.own[-1])
+            flat = lw.g.op("Reshape", [b.name, lw.g.ints([h])], f"{b.name}/flat")
+            out = lw.g.op("Add", [a.packed, flat], f"{b.name}/proj")
+            v = V("real", a.roles, a.own, fam=a.fam, kind="proj", packed=out,
+                  lazy=(a.lazy[0], a.lazy[1], b.name))
+            lw.info(out, v, packed=True)
+            return v
         return V("real", a.roles, a.own, fam=a.fam, kind="proj",
                  lazy=(a.lazy[0], a.lazy[1], b.name))
     roles, fam = _roles_for(lw, e, scope, ins)
@@ -1071,6 +1132,9 @@ def _reduce(lw: Lowerer, e: Eqn, ins: list[V], scope: Scope) -> V:
 
 def _matmul(lw: Lowerer, e: Eqn, ins: list[V], scope: Scope) -> V:
     x, y = ins
+    grouped = lw.grouped_product(e, x, scope)
+    if grouped is not None:
+        return grouped
     role = lw.family_role(e, scope)
     if y.stored is not None and y.fam is not None and x.fam is None and len(y.own) == 2 \
             and x.dtype == "real" and len(x.own) >= 1 and role is y.fam:
@@ -1649,17 +1713,10 @@ def _attention(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
     path = callee.path
     scale = intrinsic(callee.fn).scale  # None: 1/sqrt(d), every attention op's default
     if fused and (grouped or cached and lw.opset >= 23):
-        # heads as an axis: the cached keys and values as they are held, G of them where
-        # grouped (ONNX's Attention gives query head i key/value head i // (A / G)); under
+        # the cached keys and values as they are held, G of them where grouped; under
         # --optimize ort too, where MultiHeadAttention would take A heads copied out of the
         # G cached ones at every step
-        inputs = [lw.as_real(lw.canonical(x)).name for x in (q, k, v)]
-        if bias is not None:
-            inputs.append(bias)
-        out = lw.g.op("Attention", inputs, path, is_causal=1 if causal else None, scale=scale)
-        res = V("real", q.roles, out_own, name=out, fam=q.fam)
-        lw.info(out, res)
-        return [res]
+        return [_heads_attention(lw, q, k, v, bias, causal, scale, path)]
     if fused and lw.optimize == "ort":
         out = _ort_attention(lw, q, k, v, causal, bias, _int(q.fam.size), path, scale)
         if bias is not None:  # onnxruntime's kernels give NaN for a fully masked query
@@ -1677,6 +1734,38 @@ def _attention(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
     res = V("real", q.roles, out_own, packed=out, fam=q.fam)
     lw.info(out, res, packed=True)
     return [res]
+
+
+def _heads_attention(lw: Lowerer, q: V, k: V, v: V, bias: str | None, causal: bool,
+                     scale: float | None, path: str) -> V:
+    """ONNX's Attention (opset 23) over q's heads and k's and v's, which may be fewer
+    (query head i reads key/value head i // (A / G)). Projections still in one product's
+    layout, (batch, T, heads · d), are taken and given back so: no Reshape or Transpose
+    around it. In the incremental form the past keys and values are its inputs and the
+    present ones its outputs, not a Concat before it."""
+    past = k.kind == "cache" and v.kind == "cache"
+    if past:
+        (pk, k, rk), (pv, v, rv) = k.lazy, v.lazy
+    flat = all(x.packed is not None or x.kind == "proj" for x in (q, k, v))
+    inputs = [lw.packed_form(x) if flat else lw.as_real(lw.canonical(x)).name
+              for x in (q, k, v)]
+    if bias is not None or past:
+        inputs.append(bias or "")
+    if past:
+        inputs += [pk, pv]
+    heads = {"q_num_heads": _int(q.fam.size), "kv_num_heads": _int(k.fam.size)} if flat \
+        else {}
+    outs = lw.g.node("Attention", inputs, path, 3 if past else 1,
+                     is_causal=1 if causal else None, scale=scale, **heads)
+    if past:
+        total = Poly.sym(PAST) + k.own[0]
+        for present, new, tensor in ((rk, k, outs[1]), (rv, v, outs[2])):
+            lw.presents[present] = tensor
+            lw.info(tensor, V("real", new.roles, (total, *new.own[1:]), fam=new.fam))
+    res = V("real", q.roles, (q.own[0], v.own[-1]), fam=q.fam,
+            **({"packed": outs[0]} if flat else {"name": outs[0]}))
+    lw.info(outs[0], res, packed=flat)
+    return res
 
 
 def _attention_equations(lw: Lowerer, callee: Scope, q: V, k: V, v: V, mask: V | None,
@@ -1745,12 +1834,29 @@ def _ort_attention(lw: Lowerer, q: V, k: V, v: V, causal: bool, bias: str | None
 def _rotation(lw: Lowerer, callee: Scope, ins: list[V]):
     """RoPE's operand as the rotary operators take it, (batch, heads, T, d) or (batch, T,
     d), with what this use turns and its heads; None for another layout."""
-    x = lw.as_real(lw.canonical(ins[0]))
+    x = ins[0]
+    if x.dtype != "real" or x.name is None and x.packed is None and x.kind != "proj":
+        x = lw.as_real(lw.canonical(x))
     if x.roles[:1] != (lw.batch,) or len(x.roles) > 2 or len(x.own) != 2 or \
             not x.own[1].is_const():
         return None
     heads = _int(x.roles[1].size) if len(x.roles) == 2 else 1
     return x, rotary(callee.fn, callee.env, _int(x.own[1])), heads
+
+
+def _turned(lw: Lowerer, x: V, op: str, inputs: list[str], path: str, domain: str = "",
+            **attrs) -> V:
+    """A rotary operator on `x`: heads in one product's layout, (batch, T, heads · d), stay
+    so (the operator splits them by `num_heads`); otherwise (batch, heads, T, d)."""
+    if x.fam is not None and (x.packed is not None or x.kind == "proj"):
+        # (batch, T, heads · d)
+        attrs["num_heads"] = _int(x.fam.size)
+        out = lw.g.op(op, [lw.packed_form(x), *inputs], path, domain, **attrs)
+        res = V("real", x.roles, x.own, packed=out, fam=x.fam)
+        lw.info(out, res, packed=True)
+        return res
+    out = lw.g.op(op, [x.name, *inputs], path, domain, **attrs)
+    return _like(lw, x, out)
 
 
 def _rotary(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
@@ -1768,17 +1874,17 @@ def _rotary(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
         # (onnxruntime wants ids for every row of the batch: the same ones)
         rows = lw.g.op("Range", [lw.g.const(0, "int"), lw.scalar_size(x.own[0]),
                                  lw.g.const(1, "int")], "rotary/ids")
-        batch = lw.g.op("Shape", [x.name], "rotary/batch", start=0, end=1)
+        batch = lw.g.op("Shape", [x.name or lw.packed_form(x)], "rotary/batch", start=0,
+                        end=1)
         lw.shared_tables[key] = lw.g.op(
             "Expand", [lw.g.op("Unsqueeze", [rows, lw.g.ints([0])], "rotary/ids"),
                        lw.g.op("Concat", [batch, lw.g.ints([1])], "rotary/ids", axis=0)],
             "rotary/ids")
     ids = lw.shared_tables[key]
-    out = lw.g.op("RotaryEmbedding", [x.name, cos, sin, ids], path,
-                  interleaved=1 if r.interleaved else None,
-                  rotary_embedding_dim=r.width if r.width != _int(x.own[1]) else None,
-                  num_heads=heads if len(x.roles) == 1 else None)
-    return [_like(lw, x, out)]
+    return [_turned(lw, x, "RotaryEmbedding", [cos, sin, ids], path,
+                    interleaved=1 if r.interleaved else None,
+                    rotary_embedding_dim=r.width if r.width != _int(x.own[1]) else None,
+                    num_heads=heads if len(x.roles) == 1 else None)]
 
 
 def _ort_rotary(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
@@ -1789,10 +1895,9 @@ def _ort_rotary(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
         return None
     x, r, heads = found
     cos, sin = lw.rotary_tables(r, x.own[0])
-    out = lw.g.op("RotaryEmbedding", [x.name, lw.g.ints([0]), cos, sin], callee.path,
-                  domain=ORT_DOMAIN, interleaved=1 if r.interleaved else 0,
-                  rotary_embedding_dim=r.width, num_heads=heads)
-    return [_like(lw, x, out)]
+    return [_turned(lw, x, "RotaryEmbedding", [lw.g.ints([0]), cos, sin], callee.path,
+                    ORT_DOMAIN, interleaved=1 if r.interleaved else 0,
+                    rotary_embedding_dim=r.width, num_heads=heads)]
 
 
 # Intrinsics (compiler/elaborate/intrinsics.py) lowered to fused operators, by kind; masks
