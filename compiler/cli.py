@@ -54,8 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("file", metavar="SPEC")
     k.add_argument("--target", choices=["torch", "onnx"], default="torch")
     _config_args(k)
-    k.add_argument("--weights", metavar="W.safetensors",
-                   help="a checkpoint in the released model's own tensor names")
+    k.add_argument("--weights", metavar="W",
+                   help="a checkpoint in the released model's own tensor names: a "
+                        ".safetensors file, a sharded model.safetensors.index.json, a model "
+                        "folder (save_pretrained's), or pytorch_model.bin (read with torch)")
     k.add_argument("-o", "--out", metavar="DIR", required=True, type=_out_dir,
                    help="output folder")
     k.add_argument("--opset", type=_opset, metavar="N",
@@ -81,7 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(several sequences: separate them with `;`)")
     u.add_argument("--input", metavar="NAME=VALUES", action="append", default=[],
                    help="values for another input, as --tokens (repeatable)")
-    u.add_argument("--weights", metavar="W.safetensors", help="with a SPEC: its checkpoint")
+    u.add_argument("--weights", metavar="W", help="with a SPEC: its checkpoint (a file, a "
+                   "shard index or a model folder, as for compile)")
     u.add_argument("--optimize", choices=["none", "ort"], help="with a SPEC: as for compile")
     u.add_argument("--top", type=_count, default=5, metavar="K",
                    help="how many of the most likely ids to show (default 5)")
@@ -114,7 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "cache of an autoregressive spec (ONNX or PyTorch)")
     g.add_argument("target", metavar="SPEC|DIR")
     _config_args(g)
-    g.add_argument("--weights", metavar="W.safetensors", help="with a SPEC: its checkpoint")
+    g.add_argument("--weights", metavar="W", help="with a SPEC: its checkpoint (a file, a "
+                   "shard index or a model folder, as for compile)")
     g.add_argument("--prompt-ids", metavar="IDS", required=True,
                    help="0-based token ids, comma-separated (several prompts of one length: "
                         "separate them with `;`)")

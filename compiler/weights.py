@@ -1,4 +1,4 @@
-"""Importing a checkpoint: the spec's `checkpoint { ... }` block, applied to a safetensors file.
+"""Importing a checkpoint: the spec's `checkpoint { ... }` block, applied to a model's files.
 
 The block is data: for each spec parameter, the checkpoint tensor it comes from and the
 steps that reshape it: `transpose`; `split(axis, parts, index)`; `heads(axis)`, which cuts
@@ -12,11 +12,21 @@ model never has it); a file holding both, or neither, is refused, naming the ten
 Without a block, the file holds the compiled module's own names. Works on numpy arrays:
 importing weights for the ONNX backend must not import torch.
 
-The file is read lazily: its header lists every tensor (name, dtype, shape, where its bytes
-lie), and only the tensors the spec uses are read, each with `pread` from one descriptor of
-a regular file (`runtime.files.open_regular`: a FIFO or a device is refused, not waited
-on). Tensors the spec does not use cost nothing, whatever their size. Every used tensor is
-scanned for NaN and Inf as it is converted (`Imported.nonfinite`, `nonfinite_message`).
+`--weights` names the checkpoint as users hold it (`open_checkpoint`): a safetensors file
+(`Checkpoint`), a sharded checkpoint's index, `model.safetensors.index.json` (`Shards`: one
+`Checkpoint` per file of the index's folder), a model folder as transformers'
+`save_pretrained` writes it, or a PyTorch `pytorch_model.bin` (`TorchFile`, read by torch's
+`weights_only` loader; nothing else is ever unpickled). All four offer the same reading:
+`tensors` (name -> TensorInfo, from the headers), `read(name)`, `close()`. A model folder's
+files are read inside it and nowhere else (`_in_folder`).
+
+A safetensors file is read lazily: its header lists every tensor (name, dtype, shape, where
+its bytes lie), and only the tensors the spec uses are read, each with `pread` from one
+descriptor of a regular file (`runtime.files.open_regular`: a FIFO or a device is refused,
+not waited on). Tensors the spec does not use cost nothing, whatever their size. float16
+and bfloat16 tensors become float32 (bfloat16 is the top half of a float32's bits). Every
+used tensor is scanned for NaN and Inf as it is converted (`Imported.nonfinite`,
+`nonfinite_message`).
 """
 
 from __future__ import annotations
@@ -29,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from runtime.files import FileError, open_atomic, open_regular
+from runtime.files import FileError, open_atomic, open_regular, read_regular
 
 from .elaborate import ir
 from .elaborate.elaborator import Statics, member_key
@@ -101,16 +111,7 @@ class Checkpoint:
 
     def __init__(self, path: str):
         self.path = str(path)
-        try:
-            self.fd = open_regular(path)
-        except FileNotFoundError:
-            raise FgcError(f"weights file {path} does not exist", None) from None
-        except FileError as e:
-            raise FgcError(f"weights file {path} {e.strerror}", None,
-                           "give a safetensors file") from None
-        except OSError as e:
-            raise FgcError(f"cannot read weights file {path}: {e.strerror or e}", None) \
-                from None
+        self.fd = _open_weights(self.path)
         try:
             self.size = os.fstat(self.fd).st_size
             self.tensors = self._header()
@@ -206,6 +207,284 @@ class Checkpoint:
         if info.dtype == "BF16":  # bfloat16 is the top half of a float32
             arr = (arr.astype(np.uint32) << 16).view(np.float32)
         return arr
+
+
+def _open_weights(path: str) -> int:
+    """A descriptor of the regular file `path`, or an FgcError naming it."""
+    try:
+        return open_regular(path)
+    except FileNotFoundError:
+        raise FgcError(f"weights file {path} does not exist", None) from None
+    except FileError as e:
+        raise FgcError(f"weights file {path} {e.strerror}", None,
+                       "give a safetensors file, a shard index or a model folder") from None
+    except OSError as e:
+        raise FgcError(f"cannot read weights file {path}: {e.strerror or e}", None) from None
+
+
+class Shards:
+    """A sharded checkpoint: an index (`model.safetensors.index.json`) whose `weight_map`
+    names, for each tensor, the file beside it that holds it. Every shard's header is read
+    at once, so `tensors` spans them all; a tensor's bytes come from its shard when asked.
+
+    A shard is a file of the index's own folder, named without a folder: a name with `/` or
+    `..`, or a shard that links outside the folder, is refused; so are a missing shard, a
+    tensor two shards hold, and a tensor the index places in a shard that lacks it.
+    `opener` reads one shard: Checkpoint, or TorchFile for `pytorch_model.bin.index.json`."""
+
+    def __init__(self, index: str, opener=Checkpoint):
+        self.path = str(index)
+        folder = Path(self.path).parent
+        weight_map = _weight_map(self.path)
+        by_shard: dict[str, list[str]] = {}
+        for name, shard in weight_map.items():
+            if not _plain_name(shard):
+                raise FgcError(f"{self.path} places `{name}` in `{shard}`, which is not a file "
+                               "name: the shards lie beside the index", None,
+                               "an index names each shard by its file name alone, without "
+                               "`/` or `..`")
+            by_shard.setdefault(shard, []).append(name)
+        self.files: list[Checkpoint | TorchFile] = []
+        self.tensors: dict[str, TensorInfo] = {}
+        self._where: dict[str, Checkpoint | TorchFile] = {}  # tensor name -> its shard
+        try:
+            for shard, names in by_shard.items():
+                path = folder / shard
+                if not os.path.lexists(path):
+                    raise FgcError(f"{self.path} places `{names[0]}` in {path}, which does "
+                                   "not exist", None,
+                                   "a sharded checkpoint needs every file its index names")
+                part = opener(str(_in_folder(path, folder)))
+                self.files.append(part)
+                for name, info in part.tensors.items():
+                    if name in self._where:
+                        raise FgcError(f"`{name}` is in both {self._where[name].path} and "
+                                       f"{part.path}", None,
+                                       "a sharded checkpoint holds each tensor in one file")
+                    self._where[name] = part
+                    self.tensors[name] = info
+                lacking = [name for name in names if name not in part.tensors]
+                if lacking:
+                    more = f" (nor {len(lacking) - 1:,} more tensors the index places " \
+                        "there)" if len(lacking) > 1 else ""
+                    raise FgcError(f"{self.path} places `{lacking[0]}` in {part.path}, which "
+                                   f"does not hold it{more}", None)
+        except BaseException:
+            self.close()
+            raise
+
+    def __enter__(self) -> Shards:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for part in self.files:
+            part.close()
+        self.files = []
+
+    def read(self, name: str) -> np.ndarray:
+        """One tensor, read now from its shard, in its own dtype (BF16 as float32)."""
+        return self._where[name].read(name)
+
+
+def _weight_map(path: str) -> dict[str, str]:
+    """The `weight_map` of a checkpoint index (tensor name -> shard file), or an FgcError
+    naming the index: not JSON, no map, or a tensor listed twice."""
+    try:
+        data = read_regular(path, MAX_HEADER)
+    except FileNotFoundError:
+        raise FgcError(f"checkpoint index {path} does not exist", None) from None
+    except OSError as e:
+        raise FgcError(f"cannot read checkpoint index {path}: {e.strerror or e}", None) \
+            from None
+    twice: list[tuple[str, str, str]] = []
+
+    def pairs(items):  # json keeps the last of two equal keys; a listing must not
+        out = {}
+        for key, value in items:
+            if key in out and isinstance(value, str):
+                twice.append((key, out[key], value))
+            out[key] = value
+        return out
+    try:
+        index = json.loads(data.decode("utf-8"), object_pairs_hook=pairs)
+    except (UnicodeDecodeError, ValueError) as e:
+        raise FgcError(f"{path} is not a checkpoint index (not JSON: {str(e)[:120]})",
+                       None) from None
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict) or \
+            not all(isinstance(v, str) for v in weight_map.values()):
+        raise FgcError(f"{path} is not a checkpoint index: it has no \"weight_map\" from "
+                       "tensor names to shard files", None)
+    if twice:
+        name, first, second = twice[0]
+        raise FgcError(f"{path} lists `{name}` twice, in `{first}` and in `{second}`", None,
+                       "a sharded checkpoint holds each tensor in one file")
+    return weight_map
+
+
+def _plain_name(name: str) -> bool:
+    """Whether `name` names a file of a folder: no folder part, not `.` or `..`."""
+    return bool(name) and name not in (".", "..") and not any(c in name for c in "/\\\0")
+
+
+def _in_folder(path: Path, folder: Path) -> Path:
+    """`path` when it is a file of `folder`, links followed; else an FgcError: a model
+    folder's files are read inside it and nowhere else. A Hugging Face cache snapshot
+    (`models--X/snapshots/REV/`) links each file into `models--X/blobs/`, which counts as
+    the snapshot's own."""
+    real, home = Path(os.path.realpath(path)), Path(os.path.realpath(folder))
+    homes = [home]
+    if home.parent.name == "snapshots" and home.parent.parent.name.startswith("models--"):
+        homes.append(home.parent.parent / "blobs")
+    if not any(real.is_relative_to(h) for h in homes):
+        raise FgcError(f"{path} leads to {real}, outside {folder}: fgc reads a model "
+                       "folder's own files only", None,
+                       "copy the file into the folder, or give it to --weights itself")
+    return path
+
+
+class TorchFile:
+    """A PyTorch checkpoint (`pytorch_model.bin`): a state dict read by torch's
+    `weights_only` loader, which rebuilds tensors and plain containers and refuses anything
+    else (a pickle that names a function is an error, never a call). The zip format is
+    mapped (`mmap`), so a tensor's bytes are read when it is; the older format is read
+    whole. Needs torch; without it, an FgcError saying how to convert the file."""
+
+    def __init__(self, path: str):
+        self.path = str(path)
+        fd = _open_weights(self.path)
+        try:
+            zipped = os.pread(fd, 4, 0) == b"PK\x03\x04"  # torch.save's format since 1.6
+        except OSError as e:
+            raise FgcError(f"cannot read weights file {path}: {e.strerror or e}", None) \
+                from None
+        finally:
+            os.close(fd)
+        try:
+            import torch
+        except ImportError:
+            raise FgcError(f"{path} is a PyTorch checkpoint, which fgc reads with torch, and "
+                           "torch is not installed", None,
+                           "install torch, or convert the checkpoint to safetensors where "
+                           "torch is: transformers' `from_pretrained(FOLDER)` then "
+                           "`save_pretrained(OUT, safe_serialization=True)`") from None
+        try:
+            state = torch.load(self.path, map_location="cpu", weights_only=True, mmap=zipped)
+        except Exception as e:  # torch raises several kinds for a damaged or unsafe file
+            raise FgcError(f"cannot read {path} as a PyTorch checkpoint: {_torch_reason(e)}",
+                           None, "fgc reads a state dict of tensors with torch's "
+                           "weights_only loader and unpickles nothing else") from None
+        tensors = {k: v for k, v in state.items() if isinstance(k, str) and
+                   isinstance(v, torch.Tensor)} if isinstance(state, dict) else {}
+        if not tensors:
+            raise FgcError(f"{path} holds no state dict (tensor names to tensors)", None,
+                           "save the model's state_dict(), or use save_pretrained")
+        codes = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16",
+                 torch.bfloat16: "BF16", torch.int64: "I64", torch.int32: "I32",
+                 torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL"}
+        self.state = tensors
+        self.tensors = {}
+        for name, t in tensors.items():
+            code = codes.get(t.dtype, str(t.dtype).removeprefix("torch.")) \
+                if t.layout == torch.strided else str(t.layout).removeprefix("torch.")
+            self.tensors[name] = TensorInfo(code, tuple(t.shape), 0,
+                                            t.numel() * t.element_size())
+
+    def __enter__(self) -> TorchFile:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.state = {}
+
+    def read(self, name: str) -> np.ndarray:
+        """One tensor in its own dtype (BF16 as float32: numpy has no bfloat16)."""
+        t = self.state[name]
+        if self.tensors[name].dtype == "BF16":
+            t = t.float()
+        return t.numpy()
+
+
+def _torch_reason(e: Exception) -> str:
+    """The line of torch's message that says what is wrong (its first lines advise loading
+    with weights_only=False, which fgc never does)."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    why = next((line for line in lines if "GLOBAL" in line or "Unsupported" in line),
+               lines[0] if lines else type(e).__name__)
+    return why[:300]
+
+
+# a model folder's checkpoint, found as transformers finds it: these names in this order
+_FOLDER_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                 "pytorch_model.bin.index.json")
+
+
+def open_checkpoint(path: str):
+    """The checkpoint `--weights` names, opened for reading (a Checkpoint, Shards or
+    TorchFile; a context manager): a safetensors file; a sharded checkpoint's index
+    (`*.index.json`); a PyTorch file (`*.bin`, `*.pt`, `*.pth`, or torch's zip format by
+    its bytes under another name, `*.ckpt`); or a model folder holding one of
+    `_FOLDER_FILES` (or one safetensors file by another name), read inside that folder
+    only. Every problem is an FgcError naming the file."""
+    path = str(path)
+    if os.path.isdir(path):
+        return _model_folder(Path(path))
+    return _open_file(path)
+
+
+def _open_file(path: str, folder: Path | None = None):
+    """One file by its kind; inside `folder` only, when given."""
+    if folder is not None:
+        path = str(_in_folder(Path(path), folder))
+    name = os.path.basename(path)
+    if name.endswith(".json"):
+        return Shards(path, TorchFile if name.endswith(".bin.index.json") else Checkpoint)
+    if name.endswith((".bin", ".pt", ".pth")) or \
+            (not name.endswith(".safetensors") and _zipped(path)):
+        return TorchFile(path)
+    return Checkpoint(path)
+
+
+def _zipped(path: str) -> bool:
+    """Whether `path` is a regular file that starts as a zip archive (torch.save's format);
+    anything unreadable is left to the safetensors reader, which names the trouble."""
+    try:
+        fd = open_regular(path)
+    except OSError:
+        return False
+    try:
+        return os.pread(fd, 4, 0) == b"PK\x03\x04"
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def _model_folder(folder: Path):
+    """The checkpoint of a model folder, opened; an FgcError saying what the folder holds
+    when none is found."""
+    for name in _FOLDER_FILES:
+        if os.path.lexists(folder / name):
+            return _open_file(str(folder / name), folder)
+    try:
+        found = sorted(entry.name for entry in os.scandir(folder)
+                       if entry.name.endswith(".safetensors"))
+    except OSError as e:
+        raise FgcError(f"cannot read the model folder {folder}: {e.strerror or e}", None) \
+            from None
+    if len(found) == 1:
+        return _open_file(str(folder / found[0]), folder)
+    what = (f"it holds {', '.join(found[:4])}{' …' if len(found) > 4 else ''} but no "
+            "model.safetensors.index.json saying which tensor is where") if found else \
+        "no model.safetensors, model.safetensors.index.json or pytorch_model.bin"
+    raise FgcError(f"{folder} is a folder with no checkpoint fgc can find: {what}", None,
+                   "give --weights a safetensors file, an index or a folder written by "
+                   "save_pretrained")
 
 
 def read_safetensors(path: str) -> dict[str, np.ndarray]:
@@ -360,16 +639,18 @@ def _apply(step: S.CkptStep, x: np.ndarray, family: int | None, source: str,
 
 def import_checkpoint(cfg, checkpoint: S.Checkpoint | None, path: str,
                       key=state_key) -> Imported:
-    """Map a checkpoint file onto one configuration's parameters, named by `key` (the torch
-    module's names, or `onnx_key`); raises FgcError naming every missing or mis-shaped
-    tensor. Without a checkpoint block the file holds the torch module's own names. Only
-    the tensors the spec uses are read; each is scanned for NaN and Inf (`nonfinite`)."""
-    with Checkpoint(path) as ckpt:
+    """Map a checkpoint (a file, a shard index or a model folder: `open_checkpoint`) onto
+    one configuration's parameters, named by `key` (the torch module's names, or
+    `onnx_key`); raises FgcError naming each missing or mis-shaped tensor, under a one-line
+    count when there are several (`_summarised`). Without a checkpoint block the file holds
+    the torch module's own names. Only the tensors the spec uses are read; each is scanned
+    for NaN and Inf (`nonfinite`)."""
+    with open_checkpoint(path) as ckpt:
         return _import(cfg, checkpoint, ckpt, path, key)
 
 
-def _import(cfg, checkpoint: S.Checkpoint | None, ckpt: Checkpoint, path: str,
-            key) -> Imported:
+def _import(cfg, checkpoint: S.Checkpoint | None, ckpt: Checkpoint | Shards | TorchFile,
+            path: str, key) -> Imported:
     raw = ckpt.tensors  # the header: names, dtypes and shapes; no data read yet
     out = Imported({})
     scanned: set[str] = set()
@@ -390,6 +671,8 @@ def _import(cfg, checkpoint: S.Checkpoint | None, ckpt: Checkpoint, path: str,
                            getattr(e, "span", None))
         return int(value.const_value())
     missing = [0]
+    # (kind, checkpoint tensor) of each missing or mis-shaped error, for the summary line
+    problems: list[tuple[str, str]] = []
 
     def lookup(name: str, spec_name: str, layer: int | None, span) -> str | None:
         """The file's name for `name`: itself or behind one of the block's prefixes
@@ -409,6 +692,7 @@ def _import(cfg, checkpoint: S.Checkpoint | None, ckpt: Checkpoint, path: str,
         tried = f"no tensor `{name}`" if len(names) == 1 else \
             "neither " + " nor ".join(f"`{n}`" for n in names)
         missing[0] += 1
+        problems.append(("missing", name))
         near = [m for n in names for m in difflib.get_close_matches(n, raw, 1, 0.75)] \
             if missing[0] <= 8 else []  # a few hints; a wrong file misses every name
         errors.append(Diagnostic(
@@ -433,15 +717,17 @@ def _import(cfg, checkpoint: S.Checkpoint | None, ckpt: Checkpoint, path: str,
                 x = _apply(step, x, family, source, size)
         except FgcError as e:
             errors.extend(e.diagnostics)
+            problems.extend(("mis-shaped", found) for _ in e.diagnostics)
             return None
         if steps and steps[0].name == "slice":  # which entries of the file's tensor are read
             axis, ends = steps[0].args
             read_parts.setdefault((found, axis), []).append((size(ends.lo), size(ends.hi), span))
         if tuple(x.shape) != expected:
+            problems.append(("mis-shaped", found))
             errors.append(Diagnostic(
                 "error", f"`{source}` has shape {list(info.shape)}"
-                f"{' (after ' + ', '.join(s.name for s in steps) + ')' if steps else ''}"
-                f" = {list(x.shape)}, but `{spec_name}`{_at(layer)} is {list(expected)}",
+                + (f" (after {', '.join(s.name for s in steps)}) = {list(x.shape)}"
+                   if steps else "") + f", but `{spec_name}`{_at(layer)} is {list(expected)}",
                 span))
             return None
         if not info.floats:
@@ -501,9 +787,9 @@ def _import(cfg, checkpoint: S.Checkpoint | None, ckpt: Checkpoint, path: str,
             if x is not None:
                 out.tensors[target] = x
     for (name, axis), parts in read_parts.items():
-        errors.extend(_unread(name, axis, raw[name].shape, parts))
-    if errors:
-        raise FgcError.many(errors)
+        unread = _unread(name, axis, raw[name].shape, parts)
+        problems.extend(("mis-shaped", name) for _ in unread)
+        errors.extend(unread)
     ignore = _ignore_patterns(checkpoint, cfg)
     for name in sorted(raw):
         if name in used:
@@ -513,7 +799,41 @@ def _import(cfg, checkpoint: S.Checkpoint | None, ckpt: Checkpoint, path: str,
             out.ignored.append(name)
         else:
             out.extras.append(name)
+    if errors:
+        raise FgcError.many(_summarised(errors, path, problems, out.extras))
     return out
+
+
+SHOWN = 8  # errors shown in full under the summary line
+
+
+def _summarised(errors: list[Diagnostic], path: str, problems: list[tuple[str, str]],
+                unused: list[str]) -> list[Diagnostic]:
+    """Several import errors as one line that counts the tensors (`3 tensors missing, 2
+    mis-shaped, 1 unused in FILE`; `problems` gives the kind and tensor of each missing or
+    mis-shaped error), then the first SHOWN errors in full and how many more: a checkpoint
+    of another size or another model fails at every tensor, and the count says which."""
+    if len(errors) < 2:
+        return errors
+    missing = len({name for kind, name in problems if kind == "missing"})
+    misshaped = len({name for kind, name in problems if kind == "mis-shaped"})
+    counts = [(k, what) for k, what in ((missing, "missing"), (misshaped, "mis-shaped"),
+                                        (len(unused), "unused")) if k]
+    parts = [f"{k:,} {what}" for k, what in counts]
+    if parts:
+        k, what = counts[0]
+        parts[0] = f"{k:,} tensor{'s' if k != 1 else ''} {what}"
+    other = len(errors) - len(problems)
+    if other:
+        parts.append(f"{other:,} other error{'s' if other != 1 else ''}")
+    head = Diagnostic(
+        "error", ", ".join(parts) + f" in {path}", None,
+        "the sizes (--preset, --set) are not the checkpoint's" if misshaped else None,
+        [f"unused: {', '.join(unused[:5])}{' …' if len(unused) > 5 else ''}"]
+        if unused else [])
+    more = len(errors) - SHOWN
+    tail = [Diagnostic("note", f"... and {more:,} more errors", None)] if more > 0 else []
+    return [head, *errors[:SHOWN], *tail]
 
 
 def _unread(name: str, axis: int, shape: tuple, parts: list) -> list[Diagnostic]:
@@ -580,5 +900,6 @@ def write_safetensors(tensors: dict[str, np.ndarray], path: Path) -> None:
         raise FgcError(f"cannot write {path}: {e.strerror or e}", None) from None
 
 
-__all__ = ["Imported", "Checkpoint", "TensorInfo", "import_checkpoint", "read_safetensors",
-           "write_safetensors", "count_nonfinite", "nonfinite_message", "Span"]
+__all__ = ["Imported", "Checkpoint", "Shards", "TorchFile", "TensorInfo", "open_checkpoint",
+           "import_checkpoint", "read_safetensors", "write_safetensors", "count_nonfinite",
+           "nonfinite_message", "Span"]
