@@ -13,7 +13,9 @@ word-level tokenizer beside it: the builder wants one). From that one folder:
   * transformers: the LlamaForCausalLM itself, `generate(do_sample=False)`, PyTorch eager.
 
 Measured in one run, the contenders alternating (each pass gives every contender, in
-rotated order, its own block of warm-up and timed runs), medians reported:
+rotated order, its own block of warm-up and timed runs), medians reported; a speed-up
+is the median over passes of the ratio within each pass (both contenders ran minutes
+apart at most, while a shared machine's speed drifts between passes):
 
   * decoding: tokens per second of greedy generation of N new ids after a P-id prompt
     (prompt included in the time), at batch 1 and 4; the new ids of all four must agree;
@@ -288,22 +290,33 @@ def make_model(folder: Path):
 # ---------------------------------------------------------------- timing
 
 
-def alternate(runs: dict, passes: int, warm: int, reps: int) -> dict[str, float]:
-    """Median seconds of each run: `passes` passes, in each every run (rotated order) gets a
-    block of `warm` untimed then `reps` timed calls; a run returning a number of seconds
-    (the genai worker times itself) is taken at its word."""
+def alternate(runs: dict, passes: int, warm: int, reps: int
+              ) -> tuple[dict[str, float], list[dict[str, float]]]:
+    """Median seconds of each run, and each pass's own medians: `passes` passes, in each
+    every run (rotated order) gets a block of `warm` untimed then `reps` timed calls; a run
+    returning a number of seconds (the genai worker times itself) is taken at its word."""
     times: dict[str, list[float]] = {name: [] for name in runs}
+    per_pass: list[dict[str, float]] = []
     names = list(runs)
     for p in range(passes):
+        this: dict[str, list[float]] = {name: [] for name in runs}
         for name in names[p % len(names):] + names[:p % len(names)]:
             for _ in range(warm):
                 runs[name]()
             for _ in range(reps):
                 t0 = time.perf_counter()
                 own = runs[name]()
-                times[name].append(own if isinstance(own, float) else
-                                   time.perf_counter() - t0)
-    return {name: statistics.median(ts) for name, ts in times.items()}
+                this[name].append(own if isinstance(own, float) else time.perf_counter() - t0)
+            times[name] += this[name]
+        per_pass.append({name: statistics.median(ts) for name, ts in this.items()})
+    return {name: statistics.median(ts) for name, ts in times.items()}, per_pass
+
+
+def paired(per_pass: list[dict[str, float]], a: str, b: str) -> float:
+    """How many times faster `a` runs than `b`: the median over passes of the ratio within
+    each pass, where both ran minutes apart at most (a shared machine's speed drifts more
+    between passes than within one)."""
+    return statistics.median(p[b] / p[a] for p in per_pass)
 
 
 def mib(n: int) -> str:
@@ -331,7 +344,7 @@ def main() -> None:
     quick, threads = args.quick, args.threads
     new = args.new or (16 if quick else 64)
     # (passes, warm-up calls per block, timed calls per block)
-    decode_plan, prefill_plan = ((1, 0, 1), (1, 1, 2)) if quick else ((3, 1, 2), (3, 1, 3))
+    decode_plan, prefill_plan = ((1, 0, 1), (1, 1, 2)) if quick else ((5, 1, 2), (3, 1, 3))
     emit_reps = 1 if quick else 3
     load_before, started = os.getloadavg()[0], time.perf_counter()
     if load_before > 0.5:
@@ -416,14 +429,17 @@ def main() -> None:
             for run in runs.values():  # the first call of each: warm-up, and the ids
                 run()
             first = dict(last)
-            med = alternate(runs, *decode_plan)
+            med, per_pass = alternate(runs, *decode_plan)
             same = all(ids == first[HF] for ids in list(first.values()) + list(last.values()))
             if not same:
                 log(f"B={batch}: the new ids differ: " + ", ".join(
                     f"{k} {v[0][:8]}" for k, v in first.items()))
             rate = {k: batch * new / s for k, s in med.items()}
-            decode_rows.append((batch, rate, same))
+            speedup = {(a, b): paired(per_pass, a, b) for a in (STD, OPT) for b in (GENAI, HF)}
+            decode_rows.append((batch, rate, speedup, same))
             log(f"B={batch}: " + ", ".join(f"{k} {v:.1f} tok/s" for k, v in rate.items())
+                + "; fgc / builder per pass: " + ", ".join(
+                    f"{p[GENAI] / p[STD]:.2f}" for p in per_pass)
                 + f"; same ids: {same}")
 
         # -- prefill: one forward pass, every position's logits and the cache
@@ -461,7 +477,7 @@ def main() -> None:
         if bad:
             raise SystemExit(f"prefill logits disagree with transformers' (> {TOL}): {bad}; "
                              "not timing different computations")
-        pre = alternate(runs, *prefill_plan)
+        pre, _ = alternate(runs, *prefill_plan)
         log(f"prefill 1 x {args.prefill}: " + ", ".join(
             f"{k} {v * 1000:.1f} ms (max |logit diff| {diffs[k]:.1e})" for k, v in pre.items()))
         genai.close()
@@ -481,15 +497,17 @@ def main() -> None:
              f"1-minute load average {load_before:.2f} before the run, {load_after:.2f} "
              "after.", "",
              f"Greedy decoding, {new} new ids after a {args.prompt}-id prompt, tokens per "
-             f"second (the prompt's prefill included), median of {passes * reps}:", "",
+             f"second (the prompt's prefill included), median of {passes * reps}; each "
+             f"ratio is the median over the {passes} passes of the ratio within a pass:",
+             "",
              "| batch | fgc ONNX | fgc ONNX, `--optimize ort` | model builder + genai | "
              "transformers `generate` | fgc / builder | fgc ort / builder | "
              "fgc / transformers | fgc ort / transformers | same ids |",
              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|"]
-    for batch, r, same in decode_rows:
+    for batch, r, x, same in decode_rows:
         lines.append(f"| {batch} | {r[STD]:.1f} | {r[OPT]:.1f} | {r[GENAI]:.1f} | {r[HF]:.1f} "
-                     f"| **{r[STD] / r[GENAI]:.2f}×** | **{r[OPT] / r[GENAI]:.2f}×** | "
-                     f"**{r[STD] / r[HF]:.2f}×** | **{r[OPT] / r[HF]:.2f}×** | "
+                     f"| **{x[STD, GENAI]:.2f}×** | **{x[OPT, GENAI]:.2f}×** | "
+                     f"**{x[STD, HF]:.2f}×** | **{x[OPT, HF]:.2f}×** | "
                      f"{'yes' if same else 'NO'} |")
     passes, _, reps = prefill_plan
     lines += ["", f"Prefill: one forward pass over 1 × {args.prefill} ids, every position's "

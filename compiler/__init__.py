@@ -13,6 +13,8 @@ Notes for developers. The packages are the stages, in pipeline order:
     backends/    IR -> PyTorch source (torch/) or an ONNX graph (onnx/)
     pipeline.py  syntax, elaboration and counting as one call (`load` gives a `Spec`)
     emit.py      `fgc compile`: a checked spec -> files, through a backend and weights.py
+    config_json.py  a model folder's config.json through the spec's config block: its
+                 hyperparameters, its assumptions, which spec the folder is for
     tools/       the IR shown to people: printer.py (`fgc ir`), diff.py, render.py
     cli.py       drives it all
 

@@ -41,6 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("files", nargs="+", metavar="FILE")
     c.add_argument("--format", choices=["text", "json", "github"], default="text")
     c.add_argument("--strict", action="store_true", help="treat warnings as errors")
+    c.add_argument("--weights", metavar="FOLDER",
+                   help="with one SPEC: the configuration a model folder's config.json gives "
+                        "it, and whether the folder's tensors are the spec's exactly")
 
     q = sub.add_parser("params", help="count parameters exactly, with the closed formula "
                        "(several files: each, and together with shared tensors once)")
@@ -511,6 +514,8 @@ def _configure(spec, args):
 def cmd_check(args) -> int:
     from .errors import FgcError, Sources, printable
     from .pipeline import load
+    if getattr(args, "weights", None) is not None:
+        return _check_folder(args)
     results = []
     worst = EXIT_OK
     paths = _expand_paths(args.files)
@@ -599,6 +604,8 @@ def _expand_paths(paths: list[str]) -> list[str] | None:
 
 
 def cmd_params(args) -> int:
+    if len(args.files) == 1 and os.path.isdir(args.files[0]):
+        return _params_folder(args)
     if len(args.files) > 1:
         return _params_together(args)
     spec, code = _load(args.files[0])
@@ -936,12 +943,23 @@ def cmd_compile(args) -> int:
         print(f"fgc: error: {args.file!r}: the file name is not UTF-8, which ONNX needs (it "
               "is in every node's doc string); rename the file", file=sys.stderr)
         return EXIT_USAGE
+    if os.path.isdir(args.file):  # a model folder: the spec its config.json claims
+        code = _spec_for_folder(args)
+        if code is not None:
+            return code
     spec, code = _load_model(args.file)
     if spec is None:
         return code
     code = _choice(spec, args.preset, sets)
     if code is not None:
         return code
+    reading, code = _reading(spec, args.weights, args.preset, sets)
+    if code is not None:
+        return code
+    if reading is not None:
+        print(reading.summary(), file=sys.stderr)
+        for warning in reading.warnings:
+            print(f"warning: {printable(warning)}", file=sys.stderr)
     try:
         result = compile_spec(args.file, args.out, args.target, args.preset, sets, args.weights,
                               opset=args.opset, optimize=args.optimize,
@@ -959,12 +977,196 @@ def cmd_compile(args) -> int:
     if result.ignored:
         print(f"ignored {len(result.ignored)} checkpoint tensors the spec marks as not "
               f"parameters (e.g. {printable(result.ignored[0])})")
-    if result.extras:
-        print(f"note: {len(result.extras)} checkpoint tensors were not used: "
-              f"{printable(', '.join(result.extras[:5]))}"
-              f"{' …' if len(result.extras) > 5 else ''}",
-              file=sys.stderr)
     return EXIT_OK
+
+
+# ---------------------------------------------------------------- model folders
+# A transformers model folder (config.json and its checkpoint) in place of a spec: the spec
+# its config.json claims (compiler/config_json.py), its hyperparameters from config.json.
+
+
+def _folder_config(folder: str):
+    """(the folder's config.json, None) or (None, exit code) with the problem printed: a
+    folder without config.json is a usage error (2), a config.json that does not read an
+    error in a file fgc reads (1)."""
+    from .config_json import has_config, read_config
+    from .errors import FgcError, Sources
+    if not has_config(folder):
+        print(f"fgc: error: {folder} is a directory; give a .fgpt file, or a model folder with "
+              "a config.json (as save_pretrained writes one)", file=sys.stderr)
+        return None, EXIT_USAGE
+    try:
+        return read_config(folder), None
+    except FgcError as e:
+        _print_diagnostics(e.diagnostics, getattr(e, "sources", None) or Sources())
+        return None, EXIT_SPEC
+
+
+def _picked(folder: str):
+    """(the spec's path, None) for a model folder, said on stderr, or (None, exit code)."""
+    from .config_json import pick_spec
+    from .errors import FgcError, Sources
+    config, code = _folder_config(folder)
+    if config is None:
+        return None, code
+    try:
+        claim = pick_spec(config)
+    except FgcError as e:
+        _print_diagnostics(e.diagnostics, Sources())
+        return None, EXIT_SPEC
+    print(f"fgc: {config.path} names {config.describe()}; its spec is {claim.path}",
+          file=sys.stderr)
+    return claim.path, None
+
+
+def _spec_for_folder(args) -> int | None:
+    """`fgc compile FOLDER`: args.file becomes the spec the folder's config.json claims and
+    args.weights the folder; None, or the exit code with the problem printed."""
+    if args.weights is not None and os.path.realpath(args.weights) != \
+            os.path.realpath(args.file):
+        print(f"fgc: error: {args.file} is a model folder, the checkpoint itself; --weights "
+              "goes with a .fgpt spec", file=sys.stderr)
+        return EXIT_USAGE
+    path, code = _picked(args.file)
+    if path is None:
+        return code
+    args.weights, args.file = args.file, path
+    return None
+
+
+def _reading(spec, weights, preset, sets):
+    """(what config.json gives the spec, None), (None, None) where `weights` is no model
+    folder with a config.json or the spec has no config block, or (None, exit code) with
+    the problems printed."""
+    from .config_json import configuration
+    from .errors import FgcError
+    try:
+        return configuration(spec, weights, preset, sets), None
+    except FgcError as e:
+        _print_diagnostics(e.diagnostics, getattr(e, "sources", None) or spec.sources)
+        return None, EXIT_SPEC
+
+
+def _params_folder(args) -> int:
+    """`fgc params FOLDER`: the count of the spec the folder's config.json claims, at the
+    configuration config.json gives (each hyperparameter with the key it came from)."""
+    from .errors import FgcError, printable
+    path, code = _picked(args.files[0])
+    if path is None:
+        return code
+    spec, code = _load_model(path)
+    if spec is None:
+        return code
+    try:
+        sets = _sets(args.set)
+    except _Usage as e:
+        print(f"fgc: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    code = _choice(spec, args.preset, sets)
+    if code is not None:
+        return code
+    reading, code = _reading(spec, args.files[0], args.preset, sets)
+    if reading is None:
+        return code if code is not None else EXIT_SPEC
+    for warning in reading.warnings:
+        print(f"warning: {printable(warning)}", file=sys.stderr)
+    try:
+        cfg = spec.configure(args.preset, reading.sets, reading.label(reading.sets))
+    except FgcError as e:
+        _print_diagnostics(e.diagnostics, spec.sources)
+        return EXIT_SPEC
+    sym = _symbolic(spec)
+    if sym is None:
+        return EXIT_SPEC
+    _print_diagnostics(cfg.warnings, spec.sources)
+    report = params_report(spec, cfg, sym)
+    report["config"] = reading.as_dict()
+    if args.format == "json":
+        print(json.dumps(report, indent=2))
+        return EXIT_OK
+    from .table import use_color
+    print("\n".join(reading.lines()))
+    print()
+    print(format_params_text(report, args.by_module, use_color()))
+    return EXIT_OK
+
+
+def _check_folder(args) -> int:
+    """`fgc check --weights FOLDER SPEC`: the spec's checks, the configuration the folder's
+    config.json gives it (each hyperparameter, its value, its key), and whether the
+    folder's tensors are the spec's exactly: none missing, mis-shaped or unused."""
+    from .errors import FgcError, printable
+    from .pipeline import load
+    if len(args.files) != 1:
+        print("fgc: error: --weights checks one SPEC against the folder", file=sys.stderr)
+        return EXIT_USAGE
+    path, folder = args.files[0], args.weights
+    if _not_a_file(path) or _not_a_file(folder, folders=True):
+        return EXIT_USAGE
+    out: dict = {"file": path, "ok": False, "diagnostics": [], "config": None,
+                 "tensors": None}
+    text = args.format != "json"
+
+    def done(diags, sources, code: int) -> int:
+        out["diagnostics"] = [d.as_dict() for d in diags]
+        out["ok"] = code == EXIT_OK
+        if text:
+            _print_diagnostics(diags, sources)
+            if code == EXIT_OK:
+                print(f"{printable(path)}: ok")
+        else:
+            print(json.dumps({"ok": out["ok"], "files": [out]}, indent=2))
+        return code
+
+    try:
+        spec = load(path)
+    except FgcError as e:
+        return done(e.diagnostics, getattr(e, "sources", None), EXIT_SPEC)
+    if not spec.file.models:
+        _no_model(spec)
+        return EXIT_SPEC
+    errors, warnings = spec.check()
+    if errors or (args.strict and warnings):
+        return done(errors + warnings, spec.sources, EXIT_SPEC)
+    try:
+        from .config_json import configuration
+        reading = configuration(spec, folder, None, None)
+        if reading is not None:
+            out["config"] = reading.as_dict()
+            if text:
+                print("\n".join(reading.lines()))
+            cfg = spec.configure(None, reading.sets, reading.label())
+        else:
+            why = "the spec has no config block" if spec.model.config is None else \
+                f"{folder} has no config.json"
+            preset = spec.default_preset()
+            warnings.append(_note(f"{why}: the tensors are checked against "
+                                  + (f"preset `{preset}`" if preset else "the defaults")))
+            cfg = spec.configure(preset)
+        from .weights import import_checkpoint
+        imported = import_checkpoint(cfg, spec.model.checkpoint, folder)
+    except FgcError as e:
+        return done(e.diagnostics + warnings, spec.sources, EXIT_SPEC)
+    unused = list(getattr(imported, "extras", []))
+    out["tensors"] = {"read": len(imported.tensors), "ignored": len(imported.ignored),
+                      "unused": unused}
+    if unused:
+        errors = [_diag(f"{len(unused):,} tensor{'s' * (len(unused) != 1)} of {folder} "
+                        f"{'are' if len(unused) != 1 else 'is'} read by no parameter and not "
+                        f"ignored by the spec: {', '.join(unused[:5])}"
+                        f"{' …' if len(unused) > 5 else ''}")]
+        return done(errors + warnings, spec.sources, EXIT_SPEC)
+    if text:
+        ignored = f"; {len(imported.ignored)} ignored as the spec says" if imported.ignored \
+            else ""
+        print(f"tensors  {len(imported.tensors):,} parameters read from {printable(folder)}, "
+              f"each as the spec expects{ignored}")
+    return done(warnings, spec.sources, EXIT_SPEC if args.strict and warnings else EXIT_OK)
+
+
+def _note(message: str):
+    from .errors import Diagnostic
+    return Diagnostic("note", message)
 
 
 # ---------------------------------------------------------------- fgc run

@@ -40,7 +40,6 @@ class Compiled:
     out_dir: Path
     files: list[Path]
     ignored: list[str] = field(default_factory=list)
-    extras: list[str] = field(default_factory=list)
     total: int = 0
     warnings: list[str] = field(default_factory=list)  # NaN/Inf in the checkpoint
 
@@ -219,12 +218,18 @@ def compile_spec(spec_path: str, out_dir: str, target: str = "torch", preset: st
     errors, _ = spec.check()
     if errors:
         raise FgcError.many(errors)
+    # `--weights FOLDER` with a config.json: the hyperparameters the spec's config block
+    # reads from it, with --set over them (config_json.configuration)
+    from .config_json import configuration
+    reading = configuration(spec, weights, preset, sets)
+    if reading is not None:
+        sets = reading.sets
     if preset is None and not sets:
         preset = spec.default_preset()
     if preset is not None and preset not in spec.presets():
         raise FgcError(f"`{spec.model.name}` has no preset `{preset}` (presets: "
                        f"{', '.join(spec.presets()) or 'none'})", None)
-    cfg = spec.configure(preset, sets or {})
+    cfg = spec.configure(preset, sets or {}, reading and reading.label(sets))
     from .passes.budget import check_budget
     check_budget(spec, cfg, target, kv_cache)  # refuse what cannot finish, before any work
     if target == "onnx":
@@ -244,46 +249,59 @@ def compile_spec(spec_path: str, out_dir: str, target: str = "torch", preset: st
     imported = None
     if weights is not None:
         from .weights import import_checkpoint
-        imported = import_checkpoint(cfg, spec.model.checkpoint, weights)
-    warnings = _nonfinite(imported, weights, strict)
-    with OutputFolder(out_dir) as out:
+        imported = _imported(import_checkpoint(cfg, spec.model.checkpoint, weights), weights)
+    with imported or contextlib.nullcontext(), OutputFolder(out_dir) as out:
         names = []
         if imported is not None:
+            from runtime.progress import Progress
+
             from .weights import write_safetensors
-            write_safetensors(imported.tensors, out.stage / "weights.safetensors")
+            progress = Progress(f"writing {out.path / 'weights.safetensors'}",
+                                sum(t.nbytes for t in imported.tensors.values()),
+                                items=len(imported.tensors))
+            write_safetensors(imported.tensors, out.stage / "weights.safetensors", progress)
+            progress.close()
             names.append("weights.safetensors")
+        # the tensors were scanned as they were written: refused here, nothing is in place
+        warnings = _nonfinite(imported, weights, strict)
         atomic_write(out.stage / "model.py", source)
         names.append("model.py")
         result = Compiled(out.path, out.commit(names), total=cfg.total, warnings=warnings)
     if imported is not None:
-        result.ignored, result.extras = imported.ignored, imported.extras
+        result.ignored = imported.ignored
     return result
 
 
 def _check_room(total_params: int, out: Path) -> None:
-    """Refuse sizes that cannot be written or held: float32 weights need 4 bytes each."""
+    """Refuse sizes that cannot be written: float32 weights need 4 bytes each on disk (not
+    in memory: the weights are written one tensor at a time, compiler/lazy.py)."""
     need = 4 * total_params
     free = shutil.disk_usage(out).free
     if need > free:
         raise FgcError(f"the weights take {_gib(need)} in float32 but {out} has {_gib(free)} "
                        "free", None, "choose a smaller preset, or --set smaller sizes")
-    try:
-        avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return
-    if need > avail:
-        raise FgcError(f"the weights take {_gib(need)} in float32 but this machine has "
-                       f"{_gib(avail)} of memory available to build them", None,
-                       "choose a smaller preset, or --set smaller sizes")
 
 
 def _gib(n: int) -> str:
     return f"{n / 2**30:,.1f} GiB"
 
 
+def _imported(imported, weights: str):
+    """A checkpoint just imported (headers read, nothing else), said as a phase line."""
+    from runtime.progress import human_size, note
+    note(f"read {weights}: {len(imported.tensors):,} tensors, "
+         f"{human_size(sum(t.nbytes for t in imported.tensors.values()))} in float32")
+    return imported
+
+
 def _nonfinite(imported, weights: str | None, strict: bool) -> list[str]:
-    """The checkpoint's tensors that hold NaN or Inf: a warning, or with `strict` an error."""
-    if imported is None or not imported.nonfinite:
+    """The checkpoint's tensors that hold NaN or Inf: a warning, or with `strict` an error.
+    Called once the tensors were written (each is scanned as it is read); any the writing
+    did not read are read now."""
+    if imported is None:
+        return []
+    imported.scan_rest()
+    if not imported.nonfinite:
         return []
     from .weights import nonfinite_message
     message = nonfinite_message(imported.nonfinite, weights)
@@ -294,16 +312,23 @@ def _nonfinite(imported, weights: str | None, strict: bool) -> list[str]:
 
 def _compile_onnx(spec, cfg, preset, out_dir, weights, opset, optimize, external_data,
                   seed, kv_cache=False, strict=False) -> Compiled:
-    from .backends.onnx.graph import PROTOBUF_LIMIT
-    from .backends.onnx.lower import DEFAULT_OPSET, Lowerer, Unsupported
     if optimize not in (None, "none", "ort"):
         raise FgcError(f"unknown --optimize `{optimize}` (choose ort)", None)
     _check_room(cfg.total, _existing_ancestor(prepare_output(out_dir)))
     imported = None
     if weights is not None:
         from .weights import import_checkpoint, onnx_key
-        imported = import_checkpoint(cfg, spec.model.checkpoint, weights, key=onnx_key)
-    warnings = _nonfinite(imported, weights, strict)
+        imported = _imported(import_checkpoint(cfg, spec.model.checkpoint, weights,
+                                               key=onnx_key), weights)
+    with imported or contextlib.nullcontext():
+        return _lower_onnx(spec, cfg, preset, out_dir, weights, opset, optimize,
+                           external_data, seed, kv_cache, strict, imported)
+
+
+def _lower_onnx(spec, cfg, preset, out_dir, weights, opset, optimize, external_data, seed,
+                kv_cache, strict, imported) -> Compiled:
+    from .backends.onnx.graph import PROTOBUF_LIMIT
+    from .backends.onnx.lower import DEFAULT_OPSET, Lowerer, Unsupported
     external = external_data or 4 * cfg.total > PROTOBUF_LIMIT - 2**26  # room for the graph
     from runtime.progress import note
     note(f"lowering {cfg.model.name} ({cfg.total:,} parameters) to ONNX"
@@ -317,24 +342,33 @@ def _compile_onnx(spec, cfg, preset, out_dir, weights, opset, optimize, external
     except Unsupported as e:
         raise FgcError(f"the ONNX backend cannot lower this spec: {e}",
                        e.span or spec.model.span) from None
-    files = write_onnx(model, blobs, out_dir, external)
+    warnings: list[str] = []
+
+    def checked() -> None:  # the weights were scanned as they were written
+        warnings.extend(_nonfinite(imported, weights, strict))
+    files = write_onnx(model, blobs, out_dir, external, checked)
     result = Compiled(Path(out_dir), files, total=cfg.total, warnings=warnings)
     if imported is not None:
-        result.ignored, result.extras = imported.ignored, imported.extras
+        result.ignored = imported.ignored
     return result
 
 
 DATA_FILE = "model.onnx.data"
 
 
-def write_onnx(model, blobs: list, out_dir: str | Path, external: bool) -> list[Path]:
+def write_onnx(model, blobs: list, out_dir: str | Path, external: bool,
+               before_commit=None) -> list[Path]:
     """model.onnx (and model.onnx.data) into `out_dir` as one unit (`OutputFolder`): a data
-    file of an earlier compile that this one does not write is removed."""
+    file of an earlier compile that this one does not write is removed. The initializers
+    (numpy arrays or Lazy tensors) are materialized and written one at a time;
+    `before_commit()` runs once all are written, and an error it raises leaves `out_dir`
+    as it was."""
     from runtime.progress import Progress, ProgressFile
 
     from .backends.onnx.graph import write_data, write_model
     with OutputFolder(str(out_dir)) as out:
-        progress = Progress(f"writing {out.path}", sum(arr.nbytes for _, arr in blobs))
+        progress = Progress(f"writing {out.path}", sum(arr.nbytes for _, arr in blobs),
+                            items=len(blobs))
         names = []
         if external:
             with open_atomic(out.stage / DATA_FILE) as f:
@@ -344,4 +378,6 @@ def write_onnx(model, blobs: list, out_dir: str | Path, external: bool) -> list[
             write_model(ProgressFile(f, progress), model, [] if external else blobs)
         names.append("model.onnx")
         progress.close()
+        if before_commit is not None:
+            before_commit()
         return out.commit(names)

@@ -393,26 +393,28 @@ class Spec:
         return [p.name for p in self.model.presets]
 
     def configure(self, preset: str | None = None,
-                  sets: dict[str, Fraction | float] | None = None) -> Config:
-        """Elaborate and count one configuration; raises FgcError on any problem."""
-        hypers, warnings = self._checked_values(preset, sets)
+                  sets: dict[str, Fraction | float] | None = None,
+                  label: str | None = None) -> Config:
+        """Elaborate and count one configuration; raises FgcError on any problem. `label`
+        names the configuration in messages (default: the preset and the --set values)."""
+        hypers, warnings = self._checked_values(preset, sets, label)
         model, functions, c = self._elaborate_numeric(hypers)
-        errors = index_maps(model, functions, {}, _label(preset, sets))
+        errors = index_maps(model, functions, {}, label or _label(preset, sets))
         if errors:
             raise FgcError.many(errors)
         cfg = Config(preset or "defaults", hypers.values, model, c, warnings)
         cfg.functions = functions  # type: ignore[attr-defined]
         return cfg
 
-    def _checked_values(self, preset: str | None, sets: dict[str, Fraction | float] | None
-                        ) -> tuple[Hypers, list[Diagnostic]]:
+    def _checked_values(self, preset: str | None, sets: dict[str, Fraction | float] | None,
+                        label: str | None = None) -> tuple[Hypers, list[Diagnostic]]:
         """A configuration's hyperparameter values, each size checked, and its warnings."""
         p = None
         if preset is not None:
             p = self._presets_by_name().get(preset)
             if p is None:
                 raise LookupError(preset)
-        label = _label(preset, sets)
+        label = label or _label(preset, sets)
         hypers, warnings = self.numeric_hypers(self.model, p, sets or {}, label)
         self._check_sizes(hypers, p, label)
         return hypers, warnings
@@ -509,6 +511,8 @@ class Spec:
                                      self.file.models[1].span,
                                      "put each model in its own file"))
             return errors, warnings
+        from .config_json import block_errors
+        errors.extend(block_errors(self))
         try:
             sym = self.symbolic()
         except FgcError as e:

@@ -24,9 +24,15 @@ A safetensors file is read lazily: its header lists every tensor (name, dtype, s
 its bytes lie), and only the tensors the spec uses are read, each with `pread` from one
 descriptor of a regular file (`runtime.files.open_regular`: a FIFO or a device is refused,
 not waited on). Tensors the spec does not use cost nothing, whatever their size. float16
-and bfloat16 tensors become float32 (bfloat16 is the top half of a float32's bits). Every
-used tensor is scanned for NaN and Inf as it is converted (`Imported.nonfinite`,
-`nonfinite_message`).
+and bfloat16 tensors become float32 (bfloat16 is the top half of a float32's bits, widened
+a chunk at a time). Every used tensor is scanned for NaN and Inf as it is converted
+(`Imported.nonfinite`, `nonfinite_message`).
+
+Importing streams: `import_checkpoint` reads the headers only, checks every shape from
+them (each step's shape worked out on a stand-in of no memory), and gives each parameter
+as a `Lazy` tensor (compiler/lazy.py) that reads its checkpoint tensor and applies the
+steps when materialized. The writers (`write_safetensors`, the ONNX graph's) materialize
+one tensor at a time and drop it, so memory holds about one tensor, not the model.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ from .elaborate import ir
 from .elaborate.elaborator import Statics, member_key
 from .elaborate.symbolic import Poly
 from .errors import Diagnostic, FgcError, Span
+from .lazy import Lazy, stacked
 from .names import family_axis, family_layout, ident, layers_attr
 from .passes.params import Entry, as_int
 from .syntax import nodes as S
@@ -52,12 +59,53 @@ from .syntax import nodes as S
 
 @dataclass
 class Imported:
-    tensors: dict[str, np.ndarray]  # the compiled module's state-dict names
+    """A checkpoint mapped onto a configuration: each parameter a `Lazy` tensor, read from
+    the still open checkpoint and put through its steps when materialized. Close it (or use
+    it as a context manager) once the tensors are written."""
+
+    tensors: dict[str, Lazy]  # the compiled module's state-dict names
     ignored: list[str] = field(default_factory=list)  # buffers the spec says to skip
-    extras: list[str] = field(default_factory=list)  # tensors nothing asked for
+    extras: list[str] = field(default_factory=list)  # tensors nothing reads: errors
     notes: list[Diagnostic] = field(default_factory=list)
-    # used checkpoint tensors holding NaN or Inf: (checkpoint name, NaN count, Inf count)
+    # checkpoint tensors read so far that hold NaN or Inf: (checkpoint name, NaN count, Inf
+    # count), in the order the spec uses them; complete once every tensor was materialized
     nonfinite: list[tuple[str, int, int]] = field(default_factory=list)
+    source: Checkpoint | Shards | TorchFile | None = field(default=None, repr=False)
+    order: dict[str, int] = field(default_factory=dict, repr=False)  # name -> first use
+    scanned: set[str] = field(default_factory=set, repr=False)
+
+    def scan(self, name: str, x: np.ndarray) -> None:
+        """Count the NaN and Inf of checkpoint tensor `name`, read as `x`, once."""
+        if name in self.scanned:
+            return
+        self.scanned.add(name)
+        nan, inf = count_nonfinite(x)
+        if nan or inf:
+            self.nonfinite.append((name, nan, inf))
+            self.nonfinite.sort(key=lambda item: self.order.get(item[0], 0))
+
+    def scan_rest(self) -> None:
+        """Scan the used checkpoint tensors no materialization has read (a parameter the
+        graph leaves out), so `nonfinite` names every one the spec uses."""
+        for name in self.order:
+            if name not in self.scanned and self.source is not None:
+                self.scan(name, self.source.read(name).astype(np.float32, copy=False))
+
+    def materialize(self) -> None:
+        """Read every tensor once (and drop it): `nonfinite` is then complete."""
+        for t in self.tensors.values():
+            np.asarray(t)
+
+    def close(self) -> None:
+        if self.source is not None:
+            self.source.close()
+            self.source = None
+
+    def __enter__(self) -> Imported:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 # ---------------------------------------------------------------- safetensors files
@@ -71,7 +119,9 @@ class Imported:
 
 MAX_HEADER = 100_000_000  # bytes of JSON header: the safetensors package's own limit
 _READ_CHUNK = 1 << 30  # one pread at most (Linux returns at most ~2 GiB per call)
+_COMPARE_CHUNK = 1 << 26  # bytes of each tensor held at once when two are compared
 _SCAN_CHUNK = 1 << 22  # elements per NaN/Inf scan: 4 MB of booleans, whatever the tensor
+_CONVERT_CHUNK = 1 << 24  # bfloat16 elements read and widened at a time: 32 MB
 _DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2", "I64": "<i8",
            "U64": "<u8", "I32": "<i4", "U32": "<u4", "I16": "<i2", "U16": "<u2", "I8": "i1",
            "U8": "u1", "BOOL": "?", "C64": "<c8"}
@@ -201,12 +251,25 @@ class Checkpoint:
         if info.dtype not in _DTYPES:
             raise FgcError(f"`{name}` in {self.path} holds {info.dtype}, which fgc cannot "
                            "read", None, "convert the checkpoint to float32 or float16")
+        if info.dtype == "BF16":
+            return self._read_bf16(info)
         raw = np.empty(info.end - info.begin, np.uint8)
         self._pread(raw.nbytes, info.begin, memoryview(raw))
-        arr = raw.view(_DTYPES[info.dtype]).reshape(info.shape)
-        if info.dtype == "BF16":  # bfloat16 is the top half of a float32
-            arr = (arr.astype(np.uint32) << 16).view(np.float32)
-        return arr
+        return raw.view(_DTYPES[info.dtype]).reshape(info.shape)
+
+    def _read_bf16(self, info: TensorInfo) -> np.ndarray:
+        """A bfloat16 tensor as float32 (bfloat16 is the top half of a float32's bits),
+        converted a chunk at a time: the float32 result and one chunk in memory, not the
+        bfloat16 copy beside it."""
+        out = np.empty((info.end - info.begin) // 2, np.uint32)
+        chunk = np.empty(min(out.size, _CONVERT_CHUNK), "<u2")
+        for k in range(0, out.size, chunk.size):
+            n = min(chunk.size, out.size - k)
+            self._pread(2 * n, info.begin + 2 * k, memoryview(chunk[:n]).cast("B"))
+            part = out[k: k + n]
+            part[...] = chunk[:n]
+            part <<= 16
+        return out.view(np.float32).reshape(info.shape)
 
 
 def _open_weights(path: str) -> int:
@@ -644,16 +707,21 @@ def import_checkpoint(cfg, checkpoint: S.Checkpoint | None, path: str,
     `onnx_key`); raises FgcError naming each missing or mis-shaped tensor, under a one-line
     count when there are several (`_summarised`). Without a checkpoint block the file holds
     the torch module's own names. Only the tensors the spec uses are read; each is scanned
-    for NaN and Inf (`nonfinite`)."""
-    with open_checkpoint(path) as ckpt:
+    for NaN and Inf (`nonfinite`) when it is. The tensors are Lazy: nothing is read here
+    but the headers, and each tensor is read (through its steps) when materialized, so the
+    result stays open until closed (`Imported.close`, or `with import_checkpoint(...)`)."""
+    ckpt = open_checkpoint(path)
+    try:
         return _import(cfg, checkpoint, ckpt, path, key)
+    except BaseException:
+        ckpt.close()
+        raise
 
 
 def _import(cfg, checkpoint: S.Checkpoint | None, ckpt: Checkpoint | Shards | TorchFile,
             path: str, key) -> Imported:
     raw = ckpt.tensors  # the header: names, dtypes and shapes; no data read yet
-    out = Imported({})
-    scanned: set[str] = set()
+    out = Imported({}, source=ckpt)
     errors: list[Diagnostic] = []
     used: set[str] = set()
     # (tensor, axis) -> the ranges `slice` reads of it: together they must cover the axis
@@ -701,16 +769,18 @@ def _import(cfg, checkpoint: S.Checkpoint | None, ckpt: Checkpoint | Shards | To
         return None
 
     def read(source: str, steps: list[S.CkptStep], expected: tuple[int, ...],
-             family: int | None, spec_name: str, layer: int | None, span) -> np.ndarray | None:
-        """One checkpoint tensor through its steps, checked against `expected`; None (and
-        the error noted) when it is missing or does not fit."""
+             family: int | None, spec_name: str, layer: int | None, span) -> Lazy | None:
+        """One checkpoint tensor through its steps, checked against `expected`, as a Lazy
+        tensor that reads it when materialized; None (and the error noted) when it is
+        missing or does not fit."""
         found = lookup(source, spec_name, layer, span)
         if found is None:
             return None
         used.add(found)
         info = raw[found]
-        # the steps and the shape check run on the header's shape first (a stand-in
-        # of no memory), so a mismatch is reported without reading the tensor
+        # the steps and the shape check run on the header's shape, with a stand-in of no
+        # memory: every stride is 0, so each step (a view, or a reshape that is always one
+        # at zero strides) gives the shape the data will have without copying anything
         x = np.broadcast_to(np.uint8(0), info.shape)
         try:
             for step in steps:
@@ -734,17 +804,15 @@ def _import(cfg, checkpoint: S.Checkpoint | None, ckpt: Checkpoint | Shards | To
             errors.append(Diagnostic("error", f"`{source}` holds {info.numpy_name}, not "
                                      "floats", span))
             return None
-        if errors:
-            return None  # the file is refused: read nothing more
-        x = ckpt.read(found).astype(np.float32, copy=False)
-        if found not in scanned:
-            scanned.add(found)
-            nan, inf = count_nonfinite(x)
-            if nan or inf:
-                out.nonfinite.append((found, nan, inf))
-        for step in steps:
-            x = _apply(step, x, family, source, size)
-        return np.ascontiguousarray(x)
+        out.order.setdefault(found, len(out.order))
+
+        def make() -> np.ndarray:
+            x = ckpt.read(found).astype(np.float32, copy=False)
+            out.scan(found, x)
+            for step in steps:
+                x = _apply(step, x, family, source, size)
+            return x
+        return Lazy(x.shape, make)
 
     rules: dict[tuple[str, bool], S.CkptMap] = {}
     if checkpoint is not None:
@@ -780,8 +848,7 @@ def _import(cfg, checkpoint: S.Checkpoint | None, ckpt: Checkpoint | Shards | To
                 xs = [read(source.replace(f"{{{var}}}", str(k)), steps, member, None,
                            spec_name, layer, span) for k in range(family)]
                 if all(x is not None for x in xs):
-                    out.tensors[target] = np.ascontiguousarray(
-                        np.stack(xs, axis=family_axis(len(member))))
+                    out.tensors[target] = stacked(xs, family_axis(len(member)))
                 continue
             x = read(source, steps, expected, family, spec_name, layer, span)
             if x is not None:
@@ -791,17 +858,55 @@ def _import(cfg, checkpoint: S.Checkpoint | None, ckpt: Checkpoint | Shards | To
         problems.extend(("mis-shaped", name) for _ in unread)
         errors.extend(unread)
     ignore = _ignore_patterns(checkpoint, cfg)
+    tied = {}  # a copy the file may hold -> the rule saying of which tensor
+    for rule in checkpoint.tied if checkpoint else []:
+        for name in (rule.name, *(p + rule.name for p in prefixes)):
+            tied[name] = rule
     for name in sorted(raw):
         if name in used:
             continue
         bare = next((name[len(p):] for p in prefixes if name.startswith(p)), name)
         if bare in ignore or name in ignore:
             out.ignored.append(name)
+        elif name in tied and not errors:
+            rule = tied[name]
+            same = lookup(rule.same, rule.name, None, rule.span)
+            if same is not None and not _same(ckpt, name, same):
+                errors.append(Diagnostic(
+                    "error", f"`{name}` in {path} is not a copy of `{same}`: the checkpoint "
+                    "has its own tensor there, and this spec ties it to that one", rule.span,
+                    "the checkpoint's model is another (untied) one; use a spec, or its "
+                    "setting, that reads this tensor"))
+            out.ignored.append(name)
         else:
             out.extras.append(name)
+            problems.append(("unused", name))
+            errors.append(Diagnostic(
+                "error", f"`{name}` in {path} is read by no parameter of the spec",
+                checkpoint.span if checkpoint else None,
+                "a buffer or a copy the file may hold is listed in the spec's checkpoint "
+                "block (`ignore \"...\"`, `tied \"...\" = \"...\"`); otherwise the "
+                "checkpoint is another model's"))
     if errors:
         raise FgcError.many(_summarised(errors, path, problems, out.extras))
     return out
+
+
+def _same(ckpt, a: str, b: str) -> bool:
+    """Whether tensors `a` and `b` of a checkpoint hold the same values (a tied copy):
+    safetensors bytes of one dtype compared a chunk at a time, so a tied embedding of
+    gigabytes costs no memory; otherwise (a PyTorch file, two dtypes) as arrays."""
+    ta, tb = ckpt.tensors[a], ckpt.tensors[b]
+    if tuple(ta.shape) != tuple(tb.shape):
+        return False
+    files = [ckpt._where[n] if isinstance(ckpt, Shards) else ckpt for n in (a, b)]
+    if ta.dtype != tb.dtype or not all(isinstance(f, Checkpoint) for f in files):
+        return bool(np.array_equal(ckpt.read(a), ckpt.read(b)))
+    for at in range(0, ta.end - ta.begin, _COMPARE_CHUNK):
+        n = min(_COMPARE_CHUNK, ta.end - ta.begin - at)
+        if files[0]._pread(n, ta.begin + at) != files[1]._pread(n, tb.begin + at):
+            return False
+    return True
 
 
 SHOWN = 8  # errors shown in full under the summary line
@@ -871,10 +976,13 @@ def _ignore_patterns(checkpoint: S.Checkpoint | None, cfg) -> set[str]:
     return out
 
 
-def write_safetensors(tensors: dict[str, np.ndarray], path: Path) -> None:
+def write_safetensors(tensors: dict[str, np.ndarray | Lazy], path: Path,
+                      progress=None) -> None:
     """Write a safetensors file that safetensors' own loaders read, atomically
-    (`runtime.files.open_atomic`); tensors in name order, streamed from memory (no copy
-    of the whole file is built); raises FgcError naming the file when it cannot be written."""
+    (`runtime.files.open_atomic`); tensors in name order, each materialized (a Lazy one
+    read from its checkpoint), written and dropped before the next, so no copy of the whole
+    file is built; `progress` (runtime.progress.Progress) counts tensors and bytes. Raises
+    FgcError naming the file when it cannot be written."""
     header: dict[str, dict] = {}
     offset = 0
     order = sorted(tensors)
@@ -896,6 +1004,9 @@ def write_safetensors(tensors: dict[str, np.ndarray], path: Path) -> None:
                 if arr.dtype.byteorder == ">":
                     arr = arr.astype(arr.dtype.newbyteorder("<"))
                 f.write(arr.reshape(-1).view(np.uint8))  # the bytes, not a copy
+                del arr  # before the next is materialized
+                if progress is not None:
+                    progress.advance(tensors[name].nbytes, items=1)
     except OSError as e:
         raise FgcError(f"cannot write {path}: {e.strerror or e}", None) from None
 

@@ -20,17 +20,23 @@ def enabled(stream=None) -> bool:
 
 
 class Progress:
-    """`label  1.2 / 6.2 GiB  19%  3.1 s`, redrawn at most ten times a second."""
+    """`label  1.2 / 6.2 GiB  19%  3.1 s`, redrawn at most ten times a second on a
+    terminal; with `items` (tensors, say), `label  40 / 291 tensors  1.2 / 6.2 GiB ...`,
+    advanced by `advance(n, items=1)`. Elsewhere (a log, with FGC_PROGRESS=1) one line when
+    it closes, with the rate: a line per phase."""
 
-    def __init__(self, label: str, total: int, stream=None, show: bool | None = None):
+    def __init__(self, label: str, total: int, stream=None, show: bool | None = None,
+                 items: int = 0):
         self.label, self.total, self.done = label, max(total, 1), 0
+        self.items, self.items_done = items, 0
         self.stream = stream or sys.stderr
         self.show = enabled(self.stream) if show is None else show
         self.started = self.drawn = time.perf_counter()
         self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
 
-    def advance(self, n: int) -> None:
+    def advance(self, n: int, items: int = 0) -> None:
         self.done += n
+        self.items_done += items
         now = time.perf_counter()
         if self.show and (now - self.drawn > 0.1 or self.done >= self.total):
             self.drawn = now
@@ -43,8 +49,13 @@ class Progress:
     def _draw(self, final: bool) -> None:
         pct = min(100, 100 * self.done // self.total)
         done = human_size(min(self.done, self.total))
-        line = (f"{self.label}  {done} / {human_size(self.total)}  {pct}%  "
-                f"{time.perf_counter() - self.started:.1f} s")
+        seconds = time.perf_counter() - self.started
+        count = f"{min(self.items_done, self.items):,} / {self.items:,} tensors  " \
+            if self.items else ""
+        line = (f"{self.label}  {count}{done} / {human_size(self.total)}  {pct}%  "
+                f"{seconds:.1f} s")
+        if final and seconds > 0:
+            line += f"  {self.done / seconds / 1e6:,.0f} MB/s"
         if self.tty:
             self.stream.write("\r\033[K" + line + ("\n" if final else ""))
         elif final:
@@ -53,10 +64,13 @@ class Progress:
 
 
 class ProgressFile:
-    """A binary file whose writes advance a Progress."""
+    """A binary file whose writes advance a Progress; `tensor()` counts one item written."""
 
     def __init__(self, f, progress: Progress):
         self.f, self.progress = f, progress
+
+    def tensor(self) -> None:
+        self.progress.advance(0, items=1)
 
     def write(self, data) -> int:
         n = self.f.write(data)

@@ -374,7 +374,9 @@ def test_many_errors_start_with_a_summary(tmp_path):
     first = r.stderr.splitlines()[0]
     assert first == f"error: 3 tensors missing, 2 mis-shaped, 1 unused in {path}", r.stderr
     assert "unused: score.weight" in r.stderr
-    assert r.stderr.count("error:") == 6 and "more errors" not in r.stderr
+    # the line, then each: three missing, two mis-shaped, and the unused one
+    assert r.stderr.count("error:") == 7 and "more errors" not in r.stderr
+    assert "`score.weight` in" in r.stderr and "is read by no parameter" in r.stderr
 
 
 def test_a_checkpoint_of_other_sizes_shows_the_first_errors(tmp_path, single):
@@ -390,3 +392,41 @@ def test_a_checkpoint_of_other_sizes_shows_the_first_errors(tmp_path, single):
     more = [line for line in lines if line.startswith("note: ... and ")]
     assert len(more) == 1 and more[0].endswith(" more errors") and lines[-1] == more[0]
     assert int(more[0].split()[3]) >= 28 - 8
+
+
+# ---------------------------------------------------------------- tied copies
+
+
+def test_a_tied_copy_is_checked_and_skipped(tmp_path):
+    """GPT-2's file may hold lm_head.weight, a copy of wte.weight: read by nothing."""
+    tensors = gpt2_tensors()
+    tensors["lm_head.weight"] = tensors["wte.weight"].copy()
+    path = tmp_path / "tied.safetensors"
+    write_safetensors(tensors, path)
+    r = compile_with(path, tmp_path / "out")
+    assert r.returncode == 0, r.stderr
+
+
+def test_an_untied_head_beside_a_tied_spec_is_refused(tmp_path):
+    """A head of its own (a checkpoint of an untied model) is not dropped: the logits would
+    be another model's."""
+    tensors = gpt2_tensors()
+    tensors["lm_head.weight"] = tensors["wte.weight"] + np.float32(0.5)
+    path = tmp_path / "untied.safetensors"
+    write_safetensors(tensors, path)
+    r = compile_with(path, tmp_path / "out")
+    refused(r)
+    assert "`lm_head.weight` in" in r.stderr and "is not a copy of `wte.weight`" in r.stderr
+    assert "gpt2.fgpt:" in r.stderr  # at the spec's `tied` line
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_an_unused_tensor_is_refused(tmp_path):
+    tensors = gpt2_tensors()
+    tensors["score.weight"] = np.zeros(2, np.float32)
+    path = tmp_path / "extra.safetensors"
+    write_safetensors(tensors, path)
+    r = compile_with(path, tmp_path / "out")
+    refused(r)
+    assert r.stderr.startswith("gpt2.fgpt:") or "`score.weight` in" in r.stderr
+    assert "is read by no parameter" in r.stderr and "ignore" in r.stderr

@@ -437,7 +437,7 @@ def test_onnx_at_preset_size(spec, preset, tmp_path):
     # products of one operand are one initializer by their weights side by side, named by
     # all of them (`layer1/attn/W_Q+W_K+W_V`)
     held = {}
-    for init, dims in inits.items():
+    for init in inits:
         folder, _, last = init.rpartition("/")
         for part in last.split("+"):
             held[f"{folder}/{part}" if folder else part] = init

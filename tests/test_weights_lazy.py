@@ -105,8 +105,10 @@ def test_huge_unused_tensor_is_never_read(tmp_path, target):
     assert weights.stat().st_blocks * 512 < 2**20  # sparse: the hole takes no disk
     r = fgc_limited("compile", SPEC, "--target", target, *TINY_ARGS, "--weights",
                     str(weights), "-o", str(tmp_path / "out"), limit=2 * 10**9)
-    assert r.returncode == 0, r.stderr[-2000:]
-    assert "extra.unused" in r.stdout + r.stderr  # reported as an unknown extra
+    # refused, naming it, without reading it: a tensor no parameter reads is an error
+    assert r.returncode == 1, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr
+    assert "`extra.unused` in" in r.stderr and "is read by no parameter" in r.stderr
 
 
 def test_only_used_tensors_are_read(tmp_path, monkeypatch):
@@ -117,9 +119,13 @@ def test_only_used_tensors_are_read(tmp_path, monkeypatch):
     monkeypatch.setattr(Checkpoint, "read", lambda self, name: read.append(name) or
                         original(self, name))
     spec = load(str(ROOT / SPEC))
+    spec.model.checkpoint.ignore.append("extra.unused")  # a buffer the spec lists
     cfg = spec.configure(None, TINY)
     imported = import_checkpoint(cfg, spec.model.checkpoint, str(weights))
-    assert "extra.unused" not in read and imported.extras == ["extra.unused"]
+    assert "extra.unused" not in read and imported.ignored == ["extra.unused"]
+    assert read == []  # streaming: the headers only, until a tensor is materialized
+    with imported:
+        imported.materialize()
     assert set(read) == set(gpt2_tensors())
     assert imported.nonfinite == []
 
@@ -264,7 +270,8 @@ def test_nonfinite_tensors_are_named(tmp_path):
     save_file(tensors, str(path))
     spec = load(str(ROOT / SPEC))
     cfg = spec.configure(None, TINY)
-    imported = import_checkpoint(cfg, spec.model.checkpoint, str(path))
+    with import_checkpoint(cfg, spec.model.checkpoint, str(path)) as imported:
+        imported.materialize()  # each tensor is scanned as it is read
     # c_attn feeds three parameters (q, k, v); it is counted once, under its own name
     assert sorted(imported.nonfinite) == [("h.0.attn.c_attn.weight", 3, 0),
                                           ("wte.weight", 1, 2)]

@@ -326,11 +326,80 @@ class CkptMap:
 
 
 @dataclass
+class CkptTied:
+    """`tied "lm_head.weight" = "embed_tokens.weight"`: the file may hold `name` as a copy
+    of `same` (a head tied to the embedding); nothing reads it, and it must equal `same`."""
+
+    span: Span
+    name: str
+    same: str
+
+
+@dataclass
 class Checkpoint:
     span: Span
     prefixes: list[str]
     maps: list[CkptMap]
     ignore: list[str]
+    tied: list[CkptTied] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------- config.json
+
+
+@dataclass
+class ConfigKey(Expr):
+    """`rope_parameters.rope_theta`, `num_buckets[1]`: a value of config.json by its path."""
+
+    path: list[str | int]  # keys, and 1-based positions in a list
+
+
+@dataclass
+class ConfigChoice(Expr):
+    """`rope_parameters.rope_theta | rope_theta`: the first alternative config.json holds."""
+
+    alternatives: list[Expr]  # ConfigKey, Num, BinOp of them, or a ConfigChoice in brackets
+
+
+@dataclass
+class JsonValue:
+    """A value as config.json writes it, in an `assume`."""
+
+    span: Span
+    kind: str  # string | number | true | false | null | list
+    text: str  # a string's characters, a number as written (`-1`, `1e-5`)
+    items: list[JsonValue] = field(default_factory=list)
+
+
+@dataclass
+class ConfigMap:
+    """`G = num_key_value_heads ? A`: a hyperparameter from config.json."""
+
+    span: Span
+    name: str  # the hyperparameter
+    source: ConfigChoice
+    default: Expr | None  # a size expression of hyperparameters, where the file holds none
+
+
+@dataclass
+class ConfigAssume:
+    """`assume hidden_act == "silu"`: a value of a key the spec does not map."""
+
+    span: Span
+    source: ConfigChoice
+    values: list[JsonValue]  # `== v`: one; `in {a, b}`: any of them
+    absent: JsonValue | None = None  # `? v`: what a file without the key means
+
+
+@dataclass
+class ConfigBlock:
+    """`config { ... }`: how a transformers config.json gives the model's hyperparameters."""
+
+    span: Span
+    architectures: list[str]  # transformers classes the spec is for (LlamaForCausalLM)
+    model_types: list[str]  # config.json's model_type ("llama")
+    maps: list[ConfigMap]
+    assumes: list[ConfigAssume]
 
 
 @dataclass
@@ -346,6 +415,7 @@ class Model:
     checkpoint: Checkpoint | None = None
     # `expect Md > Nb / 4`: conditions every configuration's sizes meet
     conditions: list[Condition] = field(default_factory=list)
+    config: ConfigBlock | None = None  # `config { ... }`: config.json's keys
 
 
 @dataclass

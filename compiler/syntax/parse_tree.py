@@ -25,6 +25,7 @@ _TERMINAL_TEXT = {
     "EQUAL": "'='", "COLON": "':'", "PLUS": "'+'", "MINUS": "'-'", "STAR": "'*'", "SLASH": "'/'",
     "CIRCUMFLEX": "'^'", "ELLIPSIS": "'...'", "__ANON_0": "'->'", "EQEQ": "'=='", "TILDE": "'~'",
     "CMP": "a comparison", "PARITY": "'even' or 'odd'", "AT": "'@'", "PERCENT": "'%'",
+    "QMARK": "'?'", "VBAR": "'|'", "DOT": "'.'",
     "$END": "end of file",
 }
 
@@ -190,6 +191,10 @@ class _ToSyntax(Transformer):
                 if m.checkpoint is not None:
                     raise FgcError("a model has one checkpoint block", stmt.span)
                 m.checkpoint = stmt
+            elif isinstance(stmt, S.ConfigBlock):
+                if m.config is not None:
+                    raise FgcError("a model has one config block", stmt.span)
+                m.config = stmt
             else:
                 m.statements.append(stmt)
         return m
@@ -203,6 +208,8 @@ class _ToSyntax(Transformer):
                 ck.prefixes.extend(value)
             elif kind == "ignore":
                 ck.ignore.extend(value)
+            elif kind == "tied":
+                ck.tied.append(value)
             elif kind == "map":
                 ck.maps.append(value)
             else:  # layers
@@ -216,6 +223,11 @@ class _ToSyntax(Transformer):
 
     def ckpt_prefix(self, children):
         return ("prefix", [str(c)[1:-1] for c in children])
+
+    @v_args(meta=True)
+    def ckpt_tied(self, meta, children):
+        name, same = (str(c)[1:-1] for c in children)
+        return ("tied", S.CkptTied(self._span(meta), name, same))
 
     def ckpt_ignore(self, children):
         return ("ignore", [str(c)[1:-1] for c in children])
@@ -252,6 +264,99 @@ class _ToSyntax(Transformer):
                                f"{_MAX_STEP_ARG:,}")
             args.append(int(value))
         return S.CkptStep(self._span(meta), str(children[0]), args)
+
+    # ------------------------------------------------------------ config.json
+    @v_args(meta=True)
+    def config(self, meta, children):
+        word, *items = children
+        if word != "config":
+            raise FgcError(f"`{word} {{` opens no block", self._tspan(word),
+                           "a model's blocks are `checkpoint { ... }` and `config { ... }`")
+        block = S.ConfigBlock(self._span(meta), [], [], [], [])
+        for kind, value in items:
+            if kind == "architectures":
+                block.architectures.extend(value)
+            elif kind == "model_type":
+                block.model_types.extend(value)
+            elif kind == "map":
+                block.maps.append(value)
+            else:
+                block.assumes.append(value)
+        return block
+
+    def config_architectures(self, children):
+        return ("architectures", [str(c)[1:-1] for c in children])
+
+    def config_model_type(self, children):
+        return ("model_type", [str(c)[1:-1] for c in children])
+
+    @v_args(meta=True)
+    def config_map(self, meta, children):
+        name, source, default = children
+        return ("map", S.ConfigMap(self._span(meta), str(name), source, default))
+
+    @v_args(meta=True)
+    def config_assume(self, meta, children):
+        source, *rest = children
+        absent = rest.pop()
+        if isinstance(rest[0], Token) and rest[0].type == "EQEQ":
+            rest = rest[1:]
+        return ("assume", S.ConfigAssume(self._span(meta), source, rest, absent))
+
+    @v_args(meta=True)
+    def key_choice(self, meta, children):
+        return S.ConfigChoice(self._span(meta), children)
+
+    @v_args(meta=True)
+    def key_path(self, meta, children):
+        path: list[str | int] = []
+        for tok in children:
+            if tok.type == "NAME":
+                path.append(str(tok))
+                continue
+            value = parse_number(tok, self.filename)
+            if value.denominator != 1 or not 1 <= value <= _MAX_STEP_ARG:
+                raise FgcError(f"`[{tok}]`: positions in a list count from 1",
+                               self._tspan(tok), "write `key[1]` for the first entry")
+            path.append(int(value))
+        return S.ConfigKey(self._span(meta), path)
+
+    key_add = _binop("+")
+    key_sub = _binop("-")
+    key_mul = _binop("*")
+    key_div = _binop("/")
+
+    @v_args(meta=True)
+    def key_number(self, meta, children):
+        tok = children[0]
+        return S.Num(self._span(meta), parse_number(tok, self.filename), str(tok))
+
+    @v_args(meta=True)
+    def json_string(self, meta, children):
+        return S.JsonValue(self._span(meta), "string", str(children[0])[1:-1])
+
+    @v_args(meta=True)
+    def json_number(self, meta, children):
+        parse_number(children[0], self.filename)  # a malformed number is located here
+        return S.JsonValue(self._span(meta), "number", str(children[0]))
+
+    @v_args(meta=True)
+    def json_negative(self, meta, children):
+        parse_number(children[0], self.filename)
+        return S.JsonValue(self._span(meta), "number", f"-{children[0]}")
+
+    @v_args(meta=True)
+    def json_word(self, meta, children):
+        word = str(children[0])
+        if word not in ("true", "false", "null"):
+            raise FgcError(f"`{word}` is not a value config.json can hold", self._span(meta),
+                           'write a string ("silu"), a number, true, false, null or a list')
+        return S.JsonValue(self._span(meta), word, word)
+
+    @v_args(meta=True)
+    def json_list(self, meta, children):
+        return S.JsonValue(self._span(meta), "list", "",
+                           [c for c in children if c is not None])
 
     def hyper_stmt(self, children):
         return ("hyper", children)

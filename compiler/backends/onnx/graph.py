@@ -34,17 +34,25 @@ class Node:
 
 
 class Joined:
-    """Matrices side by side (their last axes joined), as one initializer: joined only
-    when written, so the parts (memory-mapped checkpoint tensors) are not copied before."""
+    """Matrices side by side (their last axes joined; vectors end to end), as one
+    initializer: joined only when written, part by part into the result, so the parts
+    (Lazy checkpoint tensors, compiler/lazy.py) are read then and one at a time."""
 
-    def __init__(self, parts: list[np.ndarray]):
+    def __init__(self, parts: list):
         self.parts = parts
-        self.dtype = parts[0].dtype
+        self.dtype = np.dtype(parts[0].dtype)
         self.shape = (*parts[0].shape[:-1], sum(p.shape[-1] for p in parts))
         self.nbytes = sum(p.nbytes for p in parts)
+        self.ndim, self.size = len(self.shape), self.nbytes // self.dtype.itemsize
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
-        return np.concatenate(self.parts, axis=-1).astype(dtype or self.dtype, copy=False)
+        out = np.empty(self.shape, self.dtype)
+        at = 0
+        for part in self.parts:
+            width = part.shape[-1]
+            out[..., at: at + width] = np.asarray(part)
+            at += width
+        return out if dtype is None else out.astype(dtype, copy=False)
 
 
 class Graph:
@@ -220,8 +228,20 @@ def write_data(f, blobs: list) -> None:
     for offset, arr in blobs:
         if offset > pos:
             f.write(b"\0" * (offset - pos))
-        f.write(memoryview(np.ascontiguousarray(arr)).cast("B"))
+        _write_tensor(f, arr)
         pos = offset + arr.nbytes
+
+
+def _write_tensor(f, arr) -> None:
+    """One initializer's bytes: a Lazy or Joined one is materialized here, written, and
+    dropped before the next (what keeps a compile's memory to about one tensor)."""
+    data = np.ascontiguousarray(arr)
+    if data.nbytes != arr.nbytes:  # the header written before it promised arr.nbytes
+        raise ValueError(f"an initializer of {arr.nbytes:,} bytes gave {data.nbytes:,}")
+    f.write(memoryview(data).cast("B"))
+    del data
+    if hasattr(f, "tensor"):  # runtime.progress.ProgressFile counts tensors too
+        f.tensor()
 
 
 def _varint(n: int) -> bytes:
@@ -269,4 +289,4 @@ def write_model(f, model: onnx.ModelProto, blobs: list) -> None:
     f.write(head)
     for prefix, arr in pieces:
         f.write(prefix)
-        f.write(memoryview(np.ascontiguousarray(arr)).cast("B"))
+        _write_tensor(f, arr)

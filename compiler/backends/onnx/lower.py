@@ -35,6 +35,7 @@ from ...elaborate.elaborator import guard_holds
 from ...elaborate.intrinsics import intrinsic
 from ...elaborate.ir import Ell, Eqn, Operand, sequence_symbols
 from ...elaborate.symbolic import Atom, Poly, format_poly
+from ...lazy import Lazy
 from ...lowering import prepare
 from ...lowering.families import has_params, in_order, picks
 from ...lowering.layers import invariant
@@ -266,14 +267,19 @@ class Lowerer:
             arr = self.weights[key]
             if tuple(arr.shape) != shape:
                 raise Unsupported(f"`{key}` has shape {list(arr.shape)}, expected {list(shape)}")
-            return np.ascontiguousarray(arr, dtype=np.float32)
+            # a checkpoint's tensor stays Lazy: read when written, one at a time
+            return arr if isinstance(arr, Lazy) else np.ascontiguousarray(arr, np.float32)
         if p.init == "ones":
             return np.ones(shape, np.float32)
         if p.init == "zeros":
             return np.zeros(shape, np.float32)
         digest = hashlib.sha256(f"{self.seed}/{key}".encode()).digest()
-        rng = np.random.default_rng(int.from_bytes(digest[:8], "little"))
-        return rng.standard_normal(shape, dtype=np.float32) * np.float32(0.02)
+        seed = int.from_bytes(digest[:8], "little")
+
+        def normal() -> np.ndarray:  # the same values at each materialization
+            rng = np.random.default_rng(seed)
+            return rng.standard_normal(shape, dtype=np.float32) * np.float32(0.02)
+        return Lazy(shape, normal)
 
     def param(self, scope: Scope, name: str, role: Role | None) -> V:
         p = scope.params[name]
@@ -1607,11 +1613,18 @@ def _ort_moe(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
     experts = _int(router.own[-1])
     arrays = [lw.g.initializers[p.stored] for p in (gate, up, down)]
     h, f = arrays[0].shape[0], arrays[0].shape[-1]
-    paired = np.stack([arrays[0].transpose(1, 2, 0), arrays[1].transpose(1, 2, 0)], axis=2)
-    fc1 = lw.g.initializer(f"{path}/fc1", paired.reshape(experts, 2 * f, h),
+
+    def interleaved(gate_w: np.ndarray, up_w: np.ndarray) -> np.ndarray:
+        paired = np.stack([gate_w.transpose(1, 2, 0), up_w.transpose(1, 2, 0)], axis=2)
+        return paired.reshape(experts, 2 * f, h)
+    # computed from the expert weights when written (Lazy), as the weights themselves are
+    fc1 = lw.g.initializer(f"{path}/fc1", Lazy.derived((experts, 2 * f, h), interleaved,
+                                                       arrays[0], arrays[1]),
                            f"{gate.stored}, {up.stored}: their rows interleaved, per expert")
-    fc2 = lw.g.initializer(f"{path}/fc2", np.ascontiguousarray(arrays[2].transpose(1, 2, 0)),
-                           f"{down.stored}, per expert")
+    down_w = arrays[2]
+    fc2 = lw.g.initializer(f"{path}/fc2", Lazy.derived(
+        (down_w.shape[1], down_w.shape[2], down_w.shape[0]),
+        lambda w: w.transpose(1, 2, 0), down_w), f"{down.stored}, per expert")
     out = lw.g.op("MoE", [rows, logits, fc1, "", fc2], path, domain=ORT_DOMAIN, k=k,
                   normalize_routing_weights=1, activation_type="swiglu", swiglu_fusion=1,
                   activation_alpha=1.0, activation_beta=0.0, swiglu_limit=float("inf"))
@@ -1816,12 +1829,12 @@ def _ort_attention(lw: Lowerer, q: V, k: V, v: V, causal: bool, bias: str | None
     x = lw.canonical(q.lazy[0])
     ws = [lw.g.initializers[p.lazy[1]] for p in (q, k, v)]
     h = ws[0].shape[0]
-    packed = np.concatenate([w.reshape(h, -1) for w in ws], axis=1)
+    packed = Joined([w.reshape(h, -1) for w in ws])  # joined when written
     names = ", ".join(p.lazy[1] for p in (q, k, v))
     w = lw.g.initializer(f"{path}/W_QKV", packed, f"{names} side by side")
     bs = [lw.g.initializers[p.lazy[2]].reshape(-1) if p.lazy[2] else
           np.zeros(packed.shape[1] // 3, np.float32) for p in (q, k, v)]
-    b = lw.g.initializer(f"{path}/b_QKV", np.concatenate(bs))
+    b = lw.g.initializer(f"{path}/b_QKV", Joined(bs))
     inputs = [x.name, w, b]
     if bias is not None:
         inputs += ["", "", bias]

@@ -273,8 +273,9 @@ class BERTLayer(nn.Module):
         self.output_LayerNorm = LN(H=config.H, eps=config.eps)
 
     def forward(self, X_prev):
-        Xp_l = self.attention_LayerNorm(self.attention(X_prev) + X_prev)  # (B, T, H)  bert.fgpt:94
-        X_l = self.output_LayerNorm(self.ffn(Xp_l) + Xp_l)  # (B, T, H)  bert.fgpt:95
+        # (B, T, H)  bert.fgpt:112
+        Xp_l = self.attention_LayerNorm(self.attention(X_prev) + X_prev)
+        X_l = self.output_LayerNorm(self.ffn(Xp_l) + Xp_l)  # (B, T, H)  bert.fgpt:113
         return X_l
 
 
@@ -289,6 +290,24 @@ class BERT(nn.Module):
             V = 30522,   # number of types in the vocabulary      (vocab_size)
             n = 512,     # context size                           (max_position_embeddings)
             eps = 1e-12  # LayerNorm epsilon, picked up by LN      (layer_norm_eps)
+
+      # the hyperparameters from a transformers config.json (BertConfig)
+      config {
+        architectures "BertForMaskedLM"
+        model_type "bert"
+        L = num_hidden_layers
+        H = hidden_size
+        A = num_attention_heads
+        F = intermediate_size
+        V = vocab_size
+        n = max_position_embeddings
+        eps = layer_norm_eps ? 1e-12
+        assume hidden_act == "gelu"
+        assume type_vocab_size == 2
+        assume position_embedding_type == "absolute"
+        assume is_decoder == false
+        assume tie_word_embeddings == true
+      }
 
       # the paper gives 110M and 340M; those are nearest to BertModel with its pooler
       # (109,482,240 and 335,141,888), which the MLM model does not have
@@ -362,7 +381,8 @@ class BERT(nn.Module):
         transform.LayerNorm.beta = "cls.predictions.transform.LayerNorm.bias"
         b = "cls.predictions.bias"
         # the decoder is tied to word_embeddings.weight and cls.predictions.bias
-        ignore "cls.predictions.decoder.weight", "cls.predictions.decoder.bias"
+        tied "cls.predictions.decoder.weight" = "embeddings.word_embeddings.weight"
+        tied "cls.predictions.decoder.bias" = "cls.predictions.bias"
         ignore "embeddings.position_ids", "embeddings.token_type_ids"   # buffers
         # in the public files, not in BertForMaskedLM: the pooler and the next-sentence head
         ignore "pooler.dense.weight", "pooler.dense.bias"
@@ -395,7 +415,7 @@ class BERT(nn.Module):
             f"sequence of {T} tokens; "
             f"the model takes at most {self.config.n}"
         )
-        # (B, T, H)  bert.fgpt:91
+        # (B, T, H)  bert.fgpt:109
         X_0 = self.embeddings_LayerNorm(
             embedding(x, self.W_e) + self.W_p[:T] + embedding(t, self.W_t),
         )

@@ -266,8 +266,8 @@ class GPT2Layer(nn.Module):
         self.mlp = FF_GELU(F=config.F, H=config.H)
 
     def forward(self, H_prev):
-        Hhat_l = self.attn(self.ln_1(H_prev)) + H_prev  # (B, T, H)  gpt2.fgpt:83
-        H_l = self.mlp(self.ln_2(Hhat_l)) + Hhat_l  # (B, T, H)  gpt2.fgpt:84
+        Hhat_l = self.attn(self.ln_1(H_prev)) + H_prev  # (B, T, H)  gpt2.fgpt:102
+        H_l = self.mlp(self.ln_2(Hhat_l)) + Hhat_l  # (B, T, H)  gpt2.fgpt:103
         return H_l
 
 
@@ -282,6 +282,25 @@ class GPT2(nn.Module):
             V = 50257,   # number of types in the vocabulary      (vocab_size)
             n = 1024,    # context size                           (n_positions)
             eps = 1e-5   # LayerNorm epsilon, picked up by LN      (layer_norm_epsilon)
+
+      # the hyperparameters from a transformers config.json (GPT2Config); the tanh GELU goes
+      # by several names there
+      config {
+        architectures "GPT2LMHeadModel"
+        model_type "gpt2"
+        L = n_layer
+        H = n_embd
+        A = n_head
+        F = n_inner ? 4 * H
+        V = vocab_size
+        n = n_positions
+        eps = layer_norm_epsilon ? 1e-5
+        assume activation_function in {"gelu_new", "gelu_pytorch_tanh", "gelu_fast"}
+        assume scale_attn_weights == true
+        assume scale_attn_by_inverse_layer_idx == false
+        assume add_cross_attention == false
+        assume tie_word_embeddings == true
+      }
 
       # the paper's Table 2 gives 117M, 345M, 762M and 1542M; the released checkpoints have
           the
@@ -351,7 +370,7 @@ class GPT2(nn.Module):
           mlp.b_2 = "h.{l}.mlp.c_proj.bias"
           ignore "h.{l}.attn.bias", "h.{l}.attn.masked_bias"   # causal-mask buffers
         }
-        ignore "lm_head.weight"   # the same tensor as wte.weight
+        tied "lm_head.weight" = "wte.weight"   # the head is the embedding
       }
     }
     """
@@ -375,11 +394,11 @@ class GPT2(nn.Module):
             f"positions up to {start + T}; "
             f"the model takes at most {self.config.n}"
         )
-        H_0 = embedding(x, self.W_e) + self.W_p[start:start + T]  # (B, T, H)  gpt2.fgpt:80
+        H_0 = embedding(x, self.W_e) + self.W_p[start:start + T]  # (B, T, H)  gpt2.fgpt:99
         H_L = H_0
         for layer in self.layers:  # L layers
             H_L = layer(H_L)
-        Hf = self.ln_f(H_L)  # (B, T, H)  gpt2.fgpt:87
+        Hf = self.ln_f(H_L)  # (B, T, H)  gpt2.fgpt:106
         return project(Hf, self.W_e.mT)
 
     def forward(self, x):
