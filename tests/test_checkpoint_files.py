@@ -19,34 +19,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import fgc, set_args
+from test_weights_lazy import TINY
+from test_weights_lazy import gpt2_tensors as lazy_gpt2_tensors
 
 from compiler.errors import FgcError
 from compiler.weights import TorchFile, open_checkpoint, read_safetensors, write_safetensors
 
 SPEC = "specs/gpt2.fgpt"
-TINY = {"L": 2, "H": 8, "A": 2, "V": 16, "n": 8}
 
 
 def gpt2_tensors(seed: int = 0) -> dict[str, np.ndarray]:
     """A GPT-2 checkpoint of the TINY sizes in the released names, values spread wider
     than float16's and bfloat16's steps."""
-    rng = np.random.default_rng(seed)
-    L, H, V, n = TINY["L"], TINY["H"], TINY["V"], TINY["n"]
-
-    def r(*shape):
-        return rng.standard_normal(shape).astype(np.float32)
-
-    out = {"wte.weight": r(V, H), "wpe.weight": r(n, H), "ln_f.weight": r(H),
-           "ln_f.bias": r(H)}
-    for layer in range(L):
-        p = f"h.{layer}."
-        out.update({p + "ln_1.weight": r(H), p + "ln_1.bias": r(H),
-                    p + "attn.c_attn.weight": r(H, 3 * H), p + "attn.c_attn.bias": r(3 * H),
-                    p + "attn.c_proj.weight": r(H, H), p + "attn.c_proj.bias": r(H),
-                    p + "ln_2.weight": r(H), p + "ln_2.bias": r(H),
-                    p + "mlp.c_fc.weight": r(H, 4 * H), p + "mlp.c_fc.bias": r(4 * H),
-                    p + "mlp.c_proj.weight": r(4 * H, H), p + "mlp.c_proj.bias": r(H)})
-    return out
+    return lazy_gpt2_tensors(seed, scale=1.0)
 
 
 def write_raw(path: Path, tensors: dict[str, tuple[str, tuple, bytes]]) -> None:

@@ -37,13 +37,13 @@ TINY = {"L": 2, "H": 8, "A": 2, "V": 16, "n": 8}
 TINY_ARGS = [a for k, v in TINY.items() for a in ("--set", f"{k}={v}")]
 
 
-def gpt2_tensors(seed: int = 0) -> dict[str, np.ndarray]:
+def gpt2_tensors(seed: int = 0, scale: float = 0.02) -> dict[str, np.ndarray]:
     """A GPT-2 checkpoint of the TINY sizes, in the released files' names."""
     rng = np.random.default_rng(seed)
     L, H, V, n = TINY["L"], TINY["H"], TINY["V"], TINY["n"]
 
     def r(*shape):
-        return rng.standard_normal(shape).astype(np.float32) * np.float32(0.02)
+        return rng.standard_normal(shape).astype(np.float32) * np.float32(scale)
 
     out = {"wte.weight": r(V, H), "wpe.weight": r(n, H), "ln_f.weight": r(H),
            "ln_f.bias": r(H)}
