@@ -76,10 +76,14 @@ class Imported:
 
     def scan(self, name: str, x: np.ndarray) -> None:
         """Count the NaN and Inf of checkpoint tensor `name`, read as `x`, once."""
+        if name not in self.scanned:
+            self.record(name, *count_nonfinite(x))
+
+    def record(self, name: str, nan: int, inf: int) -> None:
+        """The NaN and Inf counts of checkpoint tensor `name`, counted by its reader."""
         if name in self.scanned:
             return
         self.scanned.add(name)
-        nan, inf = count_nonfinite(x)
         if nan or inf:
             self.nonfinite.append((name, nan, inf))
             self.nonfinite.sort(key=lambda item: self.order.get(item[0], 0))
@@ -257,6 +261,19 @@ class Checkpoint:
         self._pread(raw.nbytes, info.begin, memoryview(raw))
         return raw.view(_DTYPES[info.dtype]).reshape(info.shape)
 
+    def read_rows(self, name: str, lo: int, hi: int) -> np.ndarray:
+        """Rows lo .. hi - 1 (0-based, the first axis) of a tensor, read now, as float32."""
+        info = self.tensors[name]
+        if info.dtype not in _DTYPES:
+            return self.read(name)[lo:hi]  # refused there, naming the dtype
+        per_row = (info.end - info.begin) // max(info.shape[0], 1)
+        raw = np.empty((hi - lo) * per_row, np.uint8)
+        self._pread(raw.nbytes, info.begin + lo * per_row, memoryview(raw))
+        shape = (hi - lo, *info.shape[1:])
+        if info.dtype == "BF16":
+            return (raw.view("<u2").astype(np.uint32) << 16).view(np.float32).reshape(shape)
+        return raw.view(_DTYPES[info.dtype]).reshape(shape).astype(np.float32, copy=False)
+
     def _read_bf16(self, info: TensorInfo) -> np.ndarray:
         """A bfloat16 tensor as float32 (bfloat16 is the top half of a float32's bits),
         converted a chunk at a time: the float32 result and one chunk in memory, not the
@@ -350,6 +367,10 @@ class Shards:
     def read(self, name: str) -> np.ndarray:
         """One tensor, read now from its shard, in its own dtype (BF16 as float32)."""
         return self._where[name].read(name)
+
+    def read_rows(self, name: str, lo: int, hi: int) -> np.ndarray:
+        """Rows lo .. hi - 1 of a tensor, from its shard, as float32."""
+        return self._where[name].read_rows(name, lo, hi)
 
 
 def _weight_map(path: str) -> dict[str, str]:
@@ -471,6 +492,10 @@ class TorchFile:
         if self.tensors[name].dtype == "BF16":
             t = t.float()
         return t.numpy()
+
+    def read_rows(self, name: str, lo: int, hi: int) -> np.ndarray:
+        """Rows lo .. hi - 1 of a tensor (mapped: only those pages are read), as float32."""
+        return self.state[name][lo:hi].float().numpy()
 
 
 def _torch_reason(e: Exception) -> str:
@@ -807,9 +832,15 @@ def _import(cfg, checkpoint: S.Checkpoint | None, ckpt: Checkpoint | Shards | To
         out.order.setdefault(found, len(out.order))
 
         def make() -> np.ndarray:
-            x = ckpt.read(found).astype(np.float32, copy=False)
-            out.scan(found, x)
-            for step in steps:
+            rest = steps
+            if steps and steps[0].name in ("transpose", "T") and len(info.shape) == 2:
+                # nn.Linear's [out, in] read a block of rows at a time into its transpose:
+                # the result and one block in memory, not the tensor and its copy
+                x, rest = _transposed(ckpt, found, out), steps[1:]
+            else:
+                x = ckpt.read(found).astype(np.float32, copy=False)
+                out.scan(found, x)
+            for step in rest:
                 x = _apply(step, x, family, source, size)
             return x
         return Lazy(x.shape, make)
@@ -890,6 +921,22 @@ def _import(cfg, checkpoint: S.Checkpoint | None, ckpt: Checkpoint | Shards | To
     if errors:
         raise FgcError.many(_summarised(errors, path, problems, out.extras))
     return out
+
+
+def _transposed(ckpt, name: str, out: Imported) -> np.ndarray:
+    """A 2-D checkpoint tensor's transpose as float32, filled a block of rows at a time
+    (`read_rows`), its NaN and Inf counted on the way."""
+    rows, cols = ckpt.tensors[name].shape
+    res = np.empty((cols, rows), np.float32)
+    step = max(1, _CONVERT_CHUNK // max(cols, 1))
+    nan = inf = 0
+    for lo in range(0, rows, step):
+        block = ckpt.read_rows(name, lo, min(rows, lo + step))
+        counts = count_nonfinite(block)
+        nan, inf = nan + counts[0], inf + counts[1]
+        res[:, lo:lo + block.shape[0]] = block.T
+    out.record(name, nan, inf)
+    return res
 
 
 def _same(ckpt, a: str, b: str) -> bool:

@@ -415,3 +415,24 @@ def test_an_unused_tensor_is_refused(tmp_path):
     refused(r)
     assert r.stderr.startswith("gpt2.fgpt:") or "`score.weight` in" in r.stderr
     assert "is read by no parameter" in r.stderr and "ignore" in r.stderr
+
+
+def test_a_transposed_tensor_is_read_a_block_of_rows_at_a_time(tmp_path, monkeypatch):
+    """nn.Linear's [out, in] goes into its transpose a few rows at a time: the same values,
+    in float32 and bfloat16, and the same NaN and Inf counts as reading it whole."""
+    import compiler.weights as weights
+    from compiler.weights import Checkpoint, Imported, _transposed
+    monkeypatch.setattr(weights, "_CONVERT_CHUNK", 8)  # 2 rows of 4 per block
+    x = np.arange(28, dtype=np.float32).reshape(7, 4) - 10
+    x[2, 1], x[6, 3], x[0, 0] = np.nan, np.inf, -np.inf
+    bits = bfloat16_bits(x)  # these values are exact in bfloat16
+    path = tmp_path / "w.safetensors"
+    write_raw(path, {"f32": ("F32", x.shape, x.tobytes()),
+                     "bf16": ("BF16", x.shape, bits.tobytes())})
+    with Checkpoint(str(path)) as ckpt:
+        for name in ("f32", "bf16"):
+            out = Imported({})
+            got = _transposed(ckpt, name, out)
+            assert got.shape == (4, 7) and got.flags.c_contiguous
+            np.testing.assert_array_equal(got, x.T)
+            assert out.nonfinite == [(name, 1, 2)]

@@ -292,3 +292,4 @@ def test_nonfinite_scan_is_chunked(monkeypatch):
     x[5, 5] = np.inf
     assert count_nonfinite(x) == (2, 1)
     assert count_nonfinite(np.zeros((0, 3), np.float32)) == (0, 0)
+
