@@ -1,4 +1,6 @@
-"""Progress of long operations, on one line of standard error, only on a terminal.
+"""Progress of long operations: on a terminal, one line of standard error redrawn; in a
+CI job's log (`CI` set, as GitHub Actions, GitLab CI and most runners set it), a line per
+phase.
 
 `FGC_PROGRESS=1` shows it anywhere (a log file, a test), `FGC_PROGRESS=0` never.
 """
@@ -16,7 +18,9 @@ def enabled(stream=None) -> bool:
     if flag is not None:
         return flag not in ("", "0")
     stream = stream or sys.stderr
-    return hasattr(stream, "isatty") and stream.isatty() and os.environ.get("TERM") != "dumb"
+    if hasattr(stream, "isatty") and stream.isatty():
+        return os.environ.get("TERM") != "dumb"
+    return os.environ.get("CI", "").lower() not in ("", "0", "false")
 
 
 class Progress:

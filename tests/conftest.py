@@ -16,6 +16,9 @@ from hypothesis import HealthCheck, settings
 ROOT = Path(__file__).resolve().parent.parent
 
 # the parse cache of this run lives with the run, not in the user's ~/.cache
+# the commands tests run print no progress, whether or not the suite runs in a CI job (a
+# test asks for it where it is the subject)
+os.environ.setdefault("FGC_PROGRESS", "0")
 if "XDG_CACHE_HOME" not in os.environ:
     os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="fgc-test-cache-")
     atexit.register(shutil.rmtree, os.environ["XDG_CACHE_HOME"], True)

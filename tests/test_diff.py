@@ -219,6 +219,13 @@ def test_progress_of_a_long_emit(tmp_path):
     assert shown.returncode == 0, shown.stderr
     assert "lowering GPT2" in shown.stderr and "100%" in shown.stderr
     env.pop("FGC_PROGRESS")
+    env.pop("CI", None)
     quiet = subprocess.run(args + [str(tmp_path / "b")], cwd=ROOT, env=env,
                            capture_output=True, text=True, timeout=120)
     assert quiet.returncode == 0 and "100%" not in quiet.stderr
+    # in a CI job's log: a line per phase, never redrawn
+    env["CI"] = "true"
+    logged = subprocess.run(args + [str(tmp_path / "c")], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert logged.returncode == 0 and "lowering GPT2" in logged.stderr, logged.stderr
+    assert "100%" in logged.stderr and "\r" not in logged.stderr
