@@ -271,7 +271,9 @@ class Checkpoint:
         self._pread(raw.nbytes, info.begin + lo * per_row, memoryview(raw))
         shape = (hi - lo, *info.shape[1:])
         if info.dtype == "BF16":
-            return (raw.view("<u2").astype(np.uint32) << 16).view(np.float32).reshape(shape)
+            out = raw.view("<u2").astype(np.uint32)
+            out <<= 16  # bfloat16 is the top half of a float32's bits (as _read_bf16)
+            return out.view(np.float32).reshape(shape)
         return raw.view(_DTYPES[info.dtype]).reshape(shape).astype(np.float32, copy=False)
 
     def _read_bf16(self, info: TensorInfo) -> np.ndarray:

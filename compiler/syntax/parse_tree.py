@@ -222,15 +222,15 @@ class _ToSyntax(Transformer):
         return ck
 
     def ckpt_prefix(self, children):
-        return ("prefix", [str(c)[1:-1] for c in children])
+        return ("prefix", _strings(children))
 
     @v_args(meta=True)
     def ckpt_tied(self, meta, children):
-        name, same = (str(c)[1:-1] for c in children)
+        name, same = _strings(children)
         return ("tied", S.CkptTied(self._span(meta), name, same))
 
     def ckpt_ignore(self, children):
-        return ("ignore", [str(c)[1:-1] for c in children])
+        return ("ignore", _strings(children))
 
     def ckpt_layers(self, children):
         return ("layers", children)
@@ -285,10 +285,10 @@ class _ToSyntax(Transformer):
         return block
 
     def config_architectures(self, children):
-        return ("architectures", [str(c)[1:-1] for c in children])
+        return ("architectures", _strings(children))
 
     def config_model_type(self, children):
-        return ("model_type", [str(c)[1:-1] for c in children])
+        return ("model_type", _strings(children))
 
     @v_args(meta=True)
     def config_map(self, meta, children):
@@ -648,3 +648,7 @@ class _ToSyntax(Transformer):
     def tuple_(self, meta, children):
         return S.Tuple_(self._span(meta), children)
 
+
+def _strings(tokens) -> list[str]:
+    """STRING tokens' texts, without their quotes."""
+    return [str(t)[1:-1] for t in tokens]
