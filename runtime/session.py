@@ -335,6 +335,13 @@ class Model:
             past = here
             out[c["past"]] = np.ascontiguousarray(x, dtype=np.float32)
         length = self.incremental["length"]
+        chunk = self.incremental.get("chunk_batch")
+        if past and chunk is not None and lengths.get(length, 1) > 1 and (batch or 1) > chunk:
+            raise RuntimeError_(f"{lengths[length]} new positions after a past at batch "
+                                f"{batch}: this graph's attention (onnxruntime's "
+                                "GroupQueryAttention, --optimize ort) takes several after a "
+                                f"past only at batch {chunk}; give them one at a time, or "
+                                "compile without --optimize ort")
         limit = self.max_length.get(length)
         if past and limit is not None and past + lengths.get(length, 0) > limit:
             raise RuntimeError_(f"{past} past positions and {lengths.get(length, 0)} new ones "

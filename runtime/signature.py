@@ -213,4 +213,8 @@ def _incremental(x) -> dict | None:
             raise SignatureError(f"{where}: block {block} out of order, or with another "
                                  "number of layers")
         blocks[block] = layers
+    chunk = x.get("chunk_batch")
+    if chunk is not None and not (isinstance(chunk, int) and not isinstance(chunk, bool)
+                                  and chunk >= 1):
+        raise SignatureError("`incremental.chunk_batch` is not a positive whole number")
     return x

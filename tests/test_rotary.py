@@ -317,8 +317,8 @@ def _own_names(spec: str, folder: Path) -> Path:
     return path
 
 
-def _compile_decoder(spec: str, folder: Path, *extra: str) -> dict:
-    sets = set_args(tiny_sets(f"specs/{spec}.fgpt"))
+def _compile_decoder(spec: str, folder: Path, *extra: str, sizes: dict | None = None) -> dict:
+    sets = set_args({**tiny_sets(f"specs/{spec}.fgpt"), **(sizes or {})})
     path = _own_names(spec, folder)
     out = {}
     r = fgc("compile", str(path), *sets, "--target", "torch", "-o", str(folder / "torch"))
@@ -353,13 +353,40 @@ def test_decoders_agree_across_targets(spec, tmp_path):
         assert float(np.abs(got - want).max()) <= 1e-5, target
 
 
+# heads wide enough for GroupQueryAttention to turn them itself (a multiple of 16, tables
+# a multiple of 8 wide): grouped (Llama), a window and multi-head (Phi-3), 16 of 64
+# features turned (GPT-NeoX)
+TURNED = {"llama": dict(H=64, A=4, G=2), "phi3": dict(H=32, A=2, G=2, w=3),
+          "gpt_neox": dict(H=128, A=2, R=16)}
+
+
 @pytest.mark.parametrize("spec", DECODERS)
 @pytest.mark.parametrize("target", ["onnx", "ort"])
 def test_the_kv_cache_graph_steps_as_the_full_recompute(spec, target, tmp_path):
     """Through the --kv-cache graph, a prompt and then one token at a time: each step's
     logits are those of the whole sequence recomputed (the rotation from the past's length
     on)."""
-    out = _compile_decoder(spec, tmp_path, "--kv-cache")
+    _steps_as_the_full_recompute(_compile_decoder(spec, tmp_path, "--kv-cache"), target)
+
+
+@pytest.mark.parametrize("spec", DECODERS)
+def test_group_query_attention_turns_queries_and_keys_itself(spec, tmp_path):
+    """Under --optimize ort, onnxruntime's GroupQueryAttention takes the projections as
+    they come and turns them itself (do_rotary, tables from position 0): no rotary
+    operator is left, and the steps are the full recompute's."""
+    out = _compile_decoder(spec, tmp_path, "--kv-cache", sizes=TURNED[spec])
+    graph = onnx.load(str(out["ort"] / "model.onnx")).graph
+    ops = [n for n in graph.node if n.op_type == "GroupQueryAttention"]
+    assert len(ops) == 2 and not any(n.op_type == "RotaryEmbedding" for n in graph.node)
+    assert all(onnx.helper.get_attribute_value(a) == 1 for n in ops for a in n.attribute
+               if a.name == "do_rotary")
+    _steps_as_the_full_recompute(out, "ort", relative=True)
+
+
+def _steps_as_the_full_recompute(out: dict, target: str, relative: bool = False) -> None:
+    """Each step's logits within 1e-5 of the recompute's (times their largest magnitude,
+    `relative`: wider heads' logits of 10 carry float32 rounding of 1e-5 in every
+    backend)."""
     session = ort.InferenceSession(str(out[target] / "model.onnx"),
                                    providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
@@ -373,7 +400,8 @@ def test_the_kv_cache_graph_steps_as_the_full_recompute(spec, target, tmp_path):
         past = {k: got[k.replace("past.", "present.", 1)] for k in past}
         with torch.no_grad():
             want = out["torch"].logits(torch.from_numpy(x[:, :t])).numpy()[:, -feed.shape[1]:]
-        assert float(np.abs(got["logits"] - want).max()) <= 1e-5, t
+        scale = max(1.0, float(np.abs(want).max())) if relative else 1.0
+        assert float(np.abs(got["logits"] - want).max()) <= 1e-5 * scale, t
         feed = x[:, t:t + 1]
 
 

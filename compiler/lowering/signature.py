@@ -40,7 +40,9 @@ under the metadata key `fgc.signature`.
   of the block, each of its entries in turn. runtime/signature.py expands them into that
   list of tensors (`past.0.key`, `past.0.value`, `past.1.key`, ...), the order of the
   graph's inputs and outputs and of the torch module's step() (key, value) pairs; a spec
-  of 100,000 layers has one entry per site and kind all the same.
+  of 100,000 layers has one entry per site and kind all the same. `chunk_batch`, where
+  present (an ONNX graph with onnxruntime's GroupQueryAttention, `--optimize ort`), is the
+  largest batch that may give more than one new position after a past.
 
 The torch module's numbers are its `self.config`'s: `signature_form` leaves the sizes that
 depend on hyperparameters symbolic (`Number`, `Text`) and the torch backend prints them as

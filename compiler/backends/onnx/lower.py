@@ -14,9 +14,10 @@ Standard ONNX first: LayerNormalization, Gelu (opset 20), RMSNormalization (opse
 Swish (opset 24), the Attention op (opset 23, with `is_causal` for Mask^AR),
 RotaryEmbedding (opset 23) and one GEMM for all heads of a projection. With
 `optimize="ort"` the same decisions emit onnxruntime's fused operators instead
-(Attention/MultiHeadAttention, SkipLayerNormalization, SkipSimplifiedLayerNormalization,
-FastGelu for the tanh GELU and BiasGelu only for the erf one, QuickGelu for SiLU, its own
-RotaryEmbedding), chosen here from the IR, never by matching patterns in a finished graph.
+(GroupQueryAttention, Attention/MultiHeadAttention, SkipLayerNormalization,
+SkipSimplifiedLayerNormalization, FastGelu for the tanh GELU and BiasGelu only for the erf
+one, QuickGelu for SiLU, its own RotaryEmbedding), chosen here from the IR, never by
+matching patterns in a finished graph.
 """
 
 from __future__ import annotations
@@ -156,6 +157,9 @@ class Lowerer:
         self.generated: str | None = None  # run-time name of the generated length
         # tensors every layer reads alike (causal tables, rotary position ids), made once
         self.shared_tables: dict[tuple, object] = {}
+        # under --optimize ort, a rotary operator's packed output -> (its packed input, the
+        # rotation): a GroupQueryAttention reading both q and k so turns them itself
+        self.turned: dict[str, tuple[str, Rotary]] = {}
         self.groups: dict[str, dict] = {}  # module -> its grouped products (lowering.products)
 
     # ---------------------------------------------------------------- helpers
@@ -713,14 +717,16 @@ class Lowerer:
         self.shared_tables[key] = v
         return v
 
-    def rotary_tables(self, r: Rotary, rows: Poly) -> tuple[str, str]:
+    def rotary_tables(self, r: Rotary, rows: Poly, whole: bool = False) -> tuple[str, str]:
         """The cosines and sines by which a rotation turns `rows` positions, (rows, width / 2)
         each, from the past's length on in the incremental form (where the module's own
-        tables would be read from): made once for every layer that turns alike."""
-        key = ("rotary", r, str(rows))
+        tables would be read from): made once for every layer that turns alike. `whole`:
+        from position 0 on, `rows` of them (GroupQueryAttention reads its row by
+        position)."""
+        key = ("rotary", r, str(rows), whole)
         if key not in self.shared_tables:
             label = "rotary"
-            first = self.from_past(rows)
+            first = Poly.const(0) if whole else self.from_past(rows)
             positions = self.g.op("Range", [self.scalar_size(first),
                                             self.scalar_size(first + rows),
                                             self.g.const(1, "int")], f"{label}/positions")
@@ -1689,6 +1695,12 @@ def _attention(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
     # grouped-query: keys and values of G heads, which ONNX's Attention shares out itself
     # where query head i reads head (i - 1) div (A / G) + 1; else each query head's picked
     grouped = e.attrs.get("groups") is not None
+    if lw.optimize == "ort" and (grouped or cached) and kind is not None and kind.causal \
+            and not kind.bias:
+        out = _ort_group_attention(lw, q, k, v, mask.lazy if kind.window else None,
+                                   intrinsic(callee.fn).scale, callee.path)
+        if out is not None:
+            return [out]
 
     def picked() -> tuple[V, V]:
         return tuple(lw.gather_members(x, e, e.attrs["groups"], callee.caller,
@@ -1778,6 +1790,63 @@ def _heads_attention(lw: Lowerer, q: V, k: V, v: V, bias: str | None, causal: bo
     res = V("real", q.roles, (q.own[0], v.own[-1]), fam=q.fam,
             **({"packed": outs[0]} if flat else {"name": outs[0]}))
     lw.info(outs[0], res, packed=flat)
+    return res
+
+
+def _ort_group_attention(lw: Lowerer, q: V, k: V, v: V, window: Poly | None,
+                         scale: float | None, path: str) -> V | None:
+    """onnxruntime's GroupQueryAttention: causal attention of A query heads over G key and
+    value heads (G = A too), in one product's layout, with the past keys and values in
+    and the present ones out in the incremental form; a window of w keys is its
+    `local_window_size` w - 1. Where q and k are turned by one rotation (its rotary
+    operators made them), it turns them itself (`do_rotary`, the tables from position 0:
+    it reads each row's by position, the past's length on). None where its kernel does
+    not apply (a head width not a multiple of 8; queries and keys of different lengths)."""
+    past = k.kind == "cache" and v.kind == "cache"
+    if past:
+        (pk, kn, rk), (pv, vn, rv) = k.lazy, v.lazy
+    else:
+        kn, vn = k, v
+    if not all(x.fam is not None and (x.packed is not None or x.kind == "proj")
+               for x in (q, kn, vn)) or q.own[0] != kn.own[0]:
+        return None
+    d = _int(q.own[-1])
+    if d % 8 or window is not None and not window.is_const():
+        return None
+    xq, xk = lw.packed_form(q), lw.packed_form(kn)
+    rq, rk_ = lw.turned.get(xq), lw.turned.get(xk)
+    rot = rq[1] if rq and rk_ and rq[1] == rk_[1] else None
+    if rot is not None and (d % 16 or rot.width // 2 % 8 or rot.width > d):
+        rot = None  # its rotation's tables: a multiple of 8 wide, half the head at most
+    if rot is not None:
+        xq, xk = rq[0], rk_[0]
+    total = Poly.sym(PAST) + kn.own[0] if past else kn.own[0]
+    key = ("gqa lengths", str(total))
+    if key not in lw.shared_tables:  # made once, for every layer
+        n = lw.g.op("Cast", [lw.scalar_size(total)], "attention/total", to=6)  # int32
+        batch = lw.g.op("Shape", [xq], "attention/batch", start=0, end=1)
+        last = lw.g.op("Sub", [n, lw.g.op("Cast", [lw.g.const(1, "int")], "attention/one",
+                                          to=6)], "attention/last")
+        lw.shared_tables[key] = (lw.g.op("Expand", [last, batch], "attention/lengths"), n)
+    lengths, n = lw.shared_tables[key]
+    inputs = [xq, xk, lw.packed_form(vn),
+              pk if past else "", pv if past else "", lengths, n]
+    attrs = {"num_heads": _int(q.fam.size), "kv_num_heads": _int(kn.fam.size),
+             "scale": scale,
+             "local_window_size": _int(window) if window is not None else None}
+    if rot is not None:
+        inputs += list(lw.rotary_tables(rot, total, whole=True))
+        attrs.update(do_rotary=1, rotary_interleaved=1 if rot.interleaved else 0)
+    outs = lw.g.node("GroupQueryAttention", inputs, path, 3, domain=ORT_DOMAIN, **attrs)
+    if past:
+        # its kernel takes several new positions after a past at batch 1 only: the runtime
+        # says so before onnxruntime would (runtime/session.py)
+        lw.signature["incremental"]["chunk_batch"] = 1
+        for present, new, tensor in ((rk, kn, outs[1]), (rv, vn, outs[2])):
+            lw.presents[present] = tensor
+            lw.info(tensor, V("real", new.roles, (total, *new.own[1:]), fam=new.fam))
+    res = V("real", q.roles, (q.own[0], vn.own[-1]), fam=q.fam, packed=outs[0])
+    lw.info(outs[0], res, packed=True)
     return res
 
 
@@ -1908,9 +1977,12 @@ def _ort_rotary(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
         return None
     x, r, heads = found
     cos, sin = lw.rotary_tables(r, x.own[0])
-    return [_turned(lw, x, "RotaryEmbedding", [lw.g.ints([0]), cos, sin], callee.path,
-                    ORT_DOMAIN, interleaved=1 if r.interleaved else 0,
-                    rotary_embedding_dim=r.width, num_heads=heads)]
+    res = _turned(lw, x, "RotaryEmbedding", [lw.g.ints([0]), cos, sin], callee.path,
+                  ORT_DOMAIN, interleaved=1 if r.interleaved else 0,
+                  rotary_embedding_dim=r.width, num_heads=heads)
+    if res.packed is not None:  # GroupQueryAttention may turn the projection itself
+        lw.turned[res.packed] = (lw.packed_form(x), r)
+    return [res]
 
 
 # Intrinsics (compiler/elaborate/intrinsics.py) lowered to fused operators, by kind; masks
