@@ -380,6 +380,8 @@ def test_group_query_attention_turns_queries_and_keys_itself(spec, tmp_path):
     assert len(ops) == 2 and not any(n.op_type == "RotaryEmbedding" for n in graph.node)
     assert all(onnx.helper.get_attribute_value(a) == 1 for n in ops for a in n.attribute
                if a.name == "do_rotary")
+    # one product's Q | K | V given packed where no bias comes between (GPT-NeoX has them)
+    assert all((n.input[1] == "") == (spec != "gpt_neox") for n in ops)
     _steps_as_the_full_recompute(out, "ort", relative=True)
 
 

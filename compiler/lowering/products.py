@@ -17,11 +17,12 @@ from ..elaborate.ir import Eqn
 
 
 def groups(fn: ir.Function) -> dict[str, tuple[Eqn, ...]]:
-    """Per output of a grouped product, the products of its group in the module's order:
+    """Per output of a grouped product, the products of its group in the order the module
+    declares their parameters (W^Q, W^K, W^V: the packed layout attention operators take):
     `matmul(X, W)` of the same operand X (a whole value, not a member) by two or more of
     the module's parameters W (whole, or the member the equation is mapped over), under
     the same layer conditions."""
-    params = {p.name for p in fn.params}
+    params = {p.name: k for k, p in enumerate(fn.params)}
     found: dict[tuple, list[Eqn]] = {}
     for e in fn.eqns:
         if e.op != "matmul" or len(e.ins) != 2:
@@ -37,6 +38,7 @@ def groups(fn: ir.Function) -> dict[str, tuple[Eqn, ...]]:
     out: dict[str, tuple[Eqn, ...]] = {}
     for members in found.values():
         if len(members) > 1 and len({e.ins[1].name for e in members}) == len(members):
+            members.sort(key=lambda e: params[e.ins[1].name])
             for e in members:
                 out[e.outs[0].name] = tuple(members)
     return out

@@ -11,7 +11,7 @@ Sizes are exact: every hyperparameter is a number except the sequence length, wh
 read from the input's shape at run time (`T`), so batch and sequence axes stay dynamic.
 
 Standard ONNX first: LayerNormalization, Gelu (opset 20), RMSNormalization (opset 23),
-Swish (opset 24), the Attention op (opset 23, with `is_causal` for Mask^AR),
+Swish (opset 24 only), the Attention op (opset 23, with `is_causal` for Mask^AR),
 RotaryEmbedding (opset 23) and one GEMM for all heads of a projection. With
 `optimize="ort"` the same decisions emit onnxruntime's fused operators instead
 (GroupQueryAttention, Attention/MultiHeadAttention, SkipLayerNormalization,
@@ -42,12 +42,14 @@ from ...lowering.families import has_params, in_order, picks
 from ...lowering.layers import invariant
 from ...lowering.layout import shifted
 from ...lowering.masks import site_kinds
+from ...lowering.precision import FLOAT32, Precision
 from ...lowering.products import groups
 from ...lowering.rotary import Rotary, frequencies, rotary
 from ...lowering.signature import LOGITS, PAST, by_position, run_lengths, signature
 from ...names import family_layout, ident
 from ...passes.incremental import Incremental, derive
 from .graph import ORT_DOMAIN, Graph, Joined, Node
+from .quantize import Quantization, Quantizer
 
 DEFAULT_OPSET = 23
 MIN_OPSET = 18
@@ -124,7 +126,8 @@ class Scope:
 class Lowerer:
     def __init__(self, spec, cfg, values: dict, opset: int = DEFAULT_OPSET,
                  optimize: str | None = None, weights: dict | None = None, seed: int = 0,
-                 preset: str | None = None, kv_cache: bool = False):
+                 preset: str | None = None, kv_cache: bool = False,
+                 precision: Precision = FLOAT32, quantize: Quantization | None = None):
         if not MIN_OPSET <= opset <= MAX_OPSET:
             raise Unsupported(f"opset {opset} is not supported; choose {MIN_OPSET} to "
                               f"{MAX_OPSET}")
@@ -137,7 +140,12 @@ class Lowerer:
         self.weights = weights
         self.seed = seed
         self.preset = preset
-        self.g = Graph()
+        # the real values' type (--dtype); what stays float32 is lowering/precision.py's
+        self.precision = precision
+        self.g = Graph(precision.onnx)
+        # --quantize: products by weights read their blocks (quantize.py)
+        self.quantizer = Quantizer(self.g, quantize) if quantize is not None else None
+        self.weight_inits: set[str] = set()  # the parameters' initializers
         self.sources = spec.sources
         self.roles = 0
         self.batch = self._role(Poly.sym("batch"), "batch")
@@ -300,6 +308,7 @@ class Lowerer:
             if fam is not None:
                 what += f" for each of {_int(fam)}, stored {tuple(stored)}"
             self.params[key] = self.g.initializer(key, arr, what)
+            self.weight_inits.add(self.params[key])
         init = self.params[key]
         run_dims = [self.ev(d, scope.env) for d in t.shape]
         if fam is None:
@@ -396,14 +405,32 @@ class Lowerer:
         """X @ W_i (+ b_i) for every member i: one GEMM with the (H, A·D) view of W."""
         x, w, b = v.lazy
         h = _int(v.fam.size) * _int(v.own[-1])
-        w2 = self.g.op("Reshape", [w, self.g.ints([-1, h])], f"{w}/flat")
-        out = self.g.op("MatMul", [self.canonical(x).name, w2], f"{w}/proj")
+        out = self.weight_product(self.canonical(x).name, w, f"{w}/proj")
+        if out is None:
+            w2 = self.g.op("Reshape", [w, self.g.ints([-1, h])], f"{w}/flat")
+            out = self.g.op("MatMul", [self.canonical(x).name, w2], f"{w}/proj")
         if b is not None:
             b2 = self.g.op("Reshape", [b, self.g.ints([h])], f"{b}/flat")
             out = self.g.op("Add", [out, b2], f"{b}/proj")
         v.packed = out
         self.info(out, v, packed=True)
         return out
+
+    def weight_product(self, x: str, w: str, label: str) -> str | None:
+        """With --quantize, x @ W where `w` is a weight: a parameter's initializer, (K, N) or
+        any stored shape of K first (a family's (H, A, D) read as (H, A·D)), a grouped
+        product's joined one, or the Transpose of a parameter (N, K) (a head tied to its
+        embedding, W_e^T); onnxruntime's MatMulNBits over its blocks (quantize.py). None
+        otherwise: the caller's MatMul."""
+        if self.quantizer is None:
+            return None
+        if w in self.weight_inits:
+            return self.quantizer.product(x, w, label)
+        made = self.g.producer_of(w)
+        if made is not None and made.op == "Transpose" and made.inputs[0] in \
+                self.weight_inits and self.g.initializers[made.inputs[0]].ndim == 2:
+            return self.quantizer.product(x, made.inputs[0], label, rows_first=True)
+        return None
 
     def grouped_product(self, e: Eqn, x: V, scope: Scope) -> V | None:
         """`e`'s product where it is one of a group by one operand (lowering.products): the
@@ -437,7 +464,10 @@ class Lowerer:
         names = [ident(m.ins[1].name) for m in group]
         w = self.g.initializer(f"{scope.path}/{'+'.join(names)}", Joined(parts),
                                f"{', '.join(names)} side by side: one product")
-        prod = self.g.op("MatMul", [self.canonical(x).name, w], f"{scope.path}/{'+'.join(names)}")
+        self.weight_inits.add(w)
+        label = f"{scope.path}/{'+'.join(names)}"
+        prod = self.weight_product(self.canonical(x).name, w, label) or \
+            self.g.op("MatMul", [self.canonical(x).name, w], label)
         outs = self.g.node("Split", [prod, self.g.ints([p.shape[1] for p in parts])],
                            f"{prod}/split", len(group), axis=-1)
         made = {}
@@ -486,7 +516,7 @@ class Lowerer:
         if v.dtype == "real":
             return v
         x = self.math(v) if v.dtype == "int" else v.name
-        out = self.g.op("Cast", [x], f"{v.name}/real", to=1)
+        out = self.g.op("Cast", [x], f"{v.name}/real", to=self.g.types["real"])
         return V("real", v.roles, v.own, name=out, fam=v.fam)
 
     def held(self, layout: ir.Layout, scope: Scope) -> int:
@@ -602,6 +632,11 @@ class Lowerer:
         if self.inc is not None:
             graph_outputs += self._cache_outputs(output)
         meta = self.metadata(m)
+        if self.quantizer is not None:
+            if not self.quantizer.made:
+                raise Unsupported(f"--quantize: `{m.name}` has no product by a weight matrix "
+                                  "to quantize")
+            meta["fgc.quantize"] = self.quantizer.q.describe()
         doc = f"{m.name}, compiled by fgc from {self.spec.path.rsplit('/', 1)[-1]}" + \
             (f" (preset {self.preset})" if self.preset else "")
         self.g.nodes = self._live(self.g.nodes, {n for n, _, _ in graph_outputs})
@@ -617,6 +652,7 @@ class Lowerer:
             "fgc.preset": self.preset or "",
             "fgc.spec": self.spec.path.rsplit("/", 1)[-1],
             "fgc.optimize": self.optimize or "none",
+            "fgc.dtype": self.precision.name,
         }
 
     # ---------------------------------------------------------------- the cache
@@ -722,7 +758,9 @@ class Lowerer:
         each, from the past's length on in the incremental form (where the module's own
         tables would be read from): made once for every layer that turns alike. `whole`:
         from position 0 on, `rows` of them (GroupQueryAttention reads its row by
-        position)."""
+        position). The angles, cosines and sines are computed in float32, whatever the
+        model's precision (a position times a frequency in float16 is off by radians), and
+        the tables given in it."""
         key = ("rotary", r, str(rows), whole)
         if key not in self.shared_tables:
             label = "rotary"
@@ -730,18 +768,32 @@ class Lowerer:
             positions = self.g.op("Range", [self.scalar_size(first),
                                             self.scalar_size(first + rows),
                                             self.g.const(1, "int")], f"{label}/positions")
-            positions = self.g.op("Unsqueeze", [self.g.op("Cast", [positions],
-                                                          f"{label}/positions", to=1),
-                                                self.g.ints([1])], f"{label}/positions")
+            positions = self.g.op("Unsqueeze", [self.g.op(
+                "Cast", [positions], f"{label}/positions", to=self.g.types["float32"]),
+                self.g.ints([1])], f"{label}/positions")
             what = f"RoPE's frequencies: width {r.width}, theta {r.theta:g}" + (
                 f", {r.scaling} scaling {list(r.factors)}" if r.factors else "")
-            f = self.g.initializer(f"{label}/frequencies", frequencies(r), what)
+            f = self.g.initializer(f"{label}/frequencies", frequencies(r), what,
+                                   dtype="float32")
             angles = self.g.op("Mul", [positions, f], f"{label}/angles")
-            self.shared_tables[key] = (self.g.op("Cos", [angles], f"{label}/cos"),
-                                       self.g.op("Sin", [angles], f"{label}/sin"))
-            for t in self.shared_tables[key]:
+            tables = (self.g.op("Cos", [angles], f"{label}/cos"),
+                      self.g.op("Sin", [angles], f"{label}/sin"))
+            if self.precision.half:
+                tables = tuple(self.g.op("Cast", [t], t, to=self.g.types["real"])
+                               for t in tables)
+            for t in tables:
                 self.g.info(t, "real", [dim_text(rows), r.width // 2])
+            self.shared_tables[key] = tables
         return self.shared_tables[key]
+
+    def softmax(self, x: str, label: str, axis: int = -1) -> str:
+        """Softmax along `axis`, accumulated in float32 whatever the model's precision: a
+        half-precision operand is cast to float32 and the result back."""
+        if not self.precision.half:
+            return self.g.op("Softmax", [x], label, axis=axis)
+        wide = self.g.op("Cast", [x], f"{label}/float32", to=self.g.types["float32"])
+        out = self.g.op("Softmax", [wide], label, axis=axis)
+        return self.g.op("Cast", [out], label, to=self.g.types["real"])
 
     def plus_bias(self, bias: V, table: V, label: str) -> V:
         """A mask's bias plus its table: one additive mask."""
@@ -1157,11 +1209,15 @@ def _matmul(lw: Lowerer, e: Eqn, ins: list[V], scope: Scope) -> V:
     roles, fam = _roles_for(lw, e, scope, ins)
     x, y = lw.as_real(x), lw.as_real(lw.canonical(y))
     label = _label(e, scope, "MatMul")
+    by_matrix = not y.roles and len(y.own) == 2  # maybe a weight (--quantize)
     if len(x.own) >= 2 and len(y.own) >= 2:
         rank = max(len(x.own), len(y.own))
-        out = lw.g.op("MatMul", [lw.align(x, roles, rank), lw.align(y, roles, rank)], label)
-    elif len(x.own) == 1 and len(y.own) == 2 and not y.roles:
-        out = lw.g.op("MatMul", [x.name, y.name], label)
+        a = lw.align(x, roles, rank)
+        out = by_matrix and lw.weight_product(a, y.name, label) or \
+            lw.g.op("MatMul", [a, lw.align(y, roles, rank)], label)
+    elif len(x.own) == 1 and by_matrix:
+        out = x.roles and lw.weight_product(x.name, y.name, label) or \
+            lw.g.op("MatMul", [x.name, y.name], label)
     elif len(y.own) == 1 and len(x.own) >= 1 and not y.roles:
         out = lw.g.op("MatMul", [x.name, y.name], label)
     elif len(x.own) == 1:
@@ -1188,7 +1244,13 @@ def _lookup(lw: Lowerer, e: Eqn, ins: list[V], scope: Scope) -> V:
     shift = ids.offset - _int(lw.ev(e.attrs["lo"], scope.env))  # row = id - lo
     rows = ids.name if shift == 0 else lw.g.op(
         "Add", [ids.name, lw.g.const(shift, "int")], f"{ids.name}/row")
-    out = lw.g.op("Gather", [table.name, rows], _label(e, scope, "embedding"), axis=0)
+    label = _label(e, scope, "embedding")
+    if lw.quantizer is not None and lw.quantizer.q.embeddings and \
+            table.name in lw.weight_inits and len(table.own) == 2:
+        # --quantize-embeddings: the rows of the table's blocks (a tied head reads the same)
+        out = lw.quantizer.lookup(table.name, rows, len(ids.roles) + len(ids.own), label)
+    else:
+        out = lw.g.op("Gather", [table.name, rows], label, axis=0)
     roles, fam = _roles_for(lw, e, scope, [ids])
     return _out(lw, e, scope, roles, "real", out, fam=fam)
 
@@ -1482,7 +1544,7 @@ LOWER = {
 
 def _softmax(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
     x = lw.as_real(lw.canonical(ins[0]))
-    out = lw.g.op("Softmax", [x.name], callee.path, axis=-1)
+    out = lw.softmax(x.name, callee.path)
     v = V("real", x.roles, x.own, name=out, fam=x.fam)
     lw.info(out, v)
     lw.logits_of[id(v)] = x
@@ -1519,7 +1581,8 @@ def _layer_norm(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
     eps, path = _epsilon(callee), callee.path
     if (v := _skip_norm(lw, x, "LayerNormalization", [gamma, beta], eps, path)) is not None:
         return [v]
-    out = lw.g.op("LayerNormalization", [x.name, gamma, beta], path, axis=-1, epsilon=eps)
+    out = lw.g.op("LayerNormalization", [x.name, gamma, beta], path, axis=-1, epsilon=eps,
+                  stash_type=1)  # its mean and variance in float32 (lowering/precision.py)
     return [_like(lw, x, out)]
 
 
@@ -1531,7 +1594,10 @@ def _rms_norm(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
     parameter (onnxruntime folds it), so its checkpoint tensor keeps its name."""
     i = intrinsic(callee.fn)
     skip = lw.optimize == "ort" and not i.offset
-    if not ins[0].own or (lw.opset < 23 and not skip):
+    # below opset 23 a float32 graph lowers the module's equations; a half-precision one
+    # spells out the operator's definition, its mean square in float32 (_rms_float32)
+    own = lw.opset >= 23 or lw.precision.half
+    if not ins[0].own or not (own or skip):
         return None
     x = lw.as_real(lw.canonical(ins[0]))
     (scale,) = (lw.param(callee, name, None).name for name in i.params)
@@ -1540,13 +1606,29 @@ def _rms_norm(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
         v = _skip_norm(lw, x, "SimplifiedLayerNormalization", [scale], eps, path)
         if v is not None:
             return [v]
-        if lw.opset < 23:
+        if not own:
             return None
     if i.offset:
         scale = lw.g.op("Add", [lw.g.const(i.offset, "real"), scale], f"{path}/scale")
+    if lw.opset < 23:
+        return [_like(lw, x, _rms_float32(lw, x.name, scale, eps, path))]
     out = lw.g.op("RMSNormalization", [x.name, scale], path, axis=-1, epsilon=eps,
                   stash_type=1)
     return [_like(lw, x, out)]
+
+
+def _rms_float32(lw: Lowerer, x: str, scale: str, eps: float, path: str) -> str:
+    """RMSNormalization's own definition (opset 23, stash_type 1) for an older opset: x
+    over the root of its mean square plus eps, in float32, then cast back and scaled (the
+    equations in float16 would overflow at |x| > 256)."""
+    wide = lw.g.op("Cast", [x], f"{path}/float32", to=lw.g.types["float32"])
+    square = lw.g.op("ReduceMean", [lw.g.op("Mul", [wide, wide], f"{path}/square"),
+                                    lw.g.ints([-1])], f"{path}/mean_square", keepdims=1)
+    root = lw.g.op("Sqrt", [lw.g.op("Add", [square, lw.g.const(eps, "float32")],
+                                    f"{path}/plus_eps")], f"{path}/root")
+    normed = lw.g.op("Div", [wide, root], f"{path}/normed")
+    return lw.g.op("Mul", [lw.g.op("Cast", [normed], f"{path}/normed",
+                                   to=lw.g.types["real"]), scale], path)
 
 
 def _like(lw: Lowerer, x: V, out: str) -> V:
@@ -1557,8 +1639,10 @@ def _like(lw: Lowerer, x: V, out: str) -> V:
 
 
 def _silu(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
-    """Swish (opset 24); below, the equations' Mul(x, Sigmoid(x))."""
-    if lw.opset < 24:
+    """Swish (opset 24); otherwise the equations' Mul(x, Sigmoid(x))."""
+    # onnxruntime has no Swish kernel and inlines its function body, which uses Constant,
+    # changed in opset 25: a graph of opset 25 with Swish does not load
+    if lw.opset != 24:
         return None
     x = lw.as_real(lw.canonical(ins[0]))
     out = lw.g.op("Swish", [x.name], callee.path)
@@ -1575,7 +1659,7 @@ def _moe(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
     path = callee.path
     top, chosen = lw.g.node("TopK", [logits, lw.g.ints([k])], f"{path}/top", 2, axis=-1,
                             largest=1, sorted=1)
-    weight = lw.g.op("Softmax", [top], f"{path}/weight", axis=-1)
+    weight = lw.softmax(top, f"{path}/weight")
     out = lw.g.op("Mul", [rows, lw.g.const(0.0, "real")], f"{path}/zeros")
     for expert in range(_int(router.own[-1])):
         at = f"{path}/expert{expert + 1}"
@@ -1820,6 +1904,11 @@ def _ort_group_attention(lw: Lowerer, q: V, k: V, v: V, window: Poly | None,
         rot = None  # its rotation's tables: a multiple of 8 wide, half the head at most
     if rot is not None:
         xq, xk = rq[0], rk_[0]
+    xv = lw.packed_form(vn)
+    made = [lw.g.producer_of(x) for x in (xq, xk, xv)]
+    if made[0] is not None and made[0].op == "Split" and all(m is made[0] for m in made) \
+            and made[0].outputs == [xq, xk, xv]:
+        xq, xk, xv = made[0].inputs[0], "", ""  # one product's Q | K | V: packed
     total = Poly.sym(PAST) + kn.own[0] if past else kn.own[0]
     key = ("gqa lengths", str(total))
     if key not in lw.shared_tables:  # made once, for every layer
@@ -1829,8 +1918,7 @@ def _ort_group_attention(lw: Lowerer, q: V, k: V, v: V, window: Poly | None,
                                           to=6)], "attention/last")
         lw.shared_tables[key] = (lw.g.op("Expand", [last, batch], "attention/lengths"), n)
     lengths, n = lw.shared_tables[key]
-    inputs = [xq, xk, lw.packed_form(vn),
-              pk if past else "", pv if past else "", lengths, n]
+    inputs = [xq, xk, xv, pk if past else "", pv if past else "", lengths, n]
     attrs = {"num_heads": _int(q.fam.size), "kv_num_heads": _int(kn.fam.size),
              "scale": scale,
              "local_window_size": _int(window) if window is not None else None}
@@ -1863,8 +1951,9 @@ def _attention_equations(lw: Lowerer, callee: Scope, q: V, k: V, v: V, mask: V |
     d = q.own[-1]
     scale = lw.g.const(factor, "real") if factor is not None else \
         lw.g.const(1.0 / float(d.const_value()) ** 0.5, "real") if d.is_const() else \
-        lw.g.op("Reciprocal", [lw.g.op("Sqrt", [lw.g.op("Cast", [lw.scalar_size(d)],
-                                                         f"{path}/d", to=1)], f"{path}/sqrt_d")],
+        lw.g.op("Reciprocal", [lw.g.op("Sqrt", [lw.g.op("Cast", [lw.scalar_size(d)], f"{path}/d",
+                                                         to=lw.g.types["real"])],
+                                       f"{path}/sqrt_d")],
                 f"{path}/scale")
     scores = lw.g.op("Mul", [scores, scale], f"{path}/scaled")
     safe = False
@@ -1872,7 +1961,7 @@ def _attention_equations(lw: Lowerer, callee: Scope, q: V, k: V, v: V, mask: V |
         safe = not causal
         m = lw.as_real(lw.canonical(mask))
         scores = lw.g.op("Add", [scores, lw.align(m, roles, 2)], f"{path}/masked")
-    p = lw.g.op("Softmax", [scores], f"{path}/Softmax", axis=-1)
+    p = lw.softmax(scores, f"{path}/Softmax")
     if safe:
         p = lw.g.op("Where", [lw.g.op("IsNaN", [p], f"{path}/none"), lw.g.const(0.0, "real"),
                               p], f"{path}/weights")
