@@ -64,7 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("-o", "--out", metavar="DIR", required=True, type=_out_dir,
                    help="output folder")
     k.add_argument("--opset", type=_opset, metavar="N",
-                   help="onnx: the ONNX opset (18 to 25; default 23, which has Attention)")
+                   help="onnx: the ONNX opset, 18 to 25 (default 23, the first with Attention, "
+                        "RMSNormalization and RotaryEmbedding); docs/onnx.md gives the oldest "
+                        "onnxruntime that reads each")
     k.add_argument("--optimize", choices=["none", "ort"],
                    help="onnx: `ort` emits onnxruntime's fused operators")
     k.add_argument("--external-data", action="store_true",
@@ -72,10 +74,26 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--kv-cache", action="store_true",
                    help="onnx: the incremental form of an autoregressive spec, with past "
                         "keys/values per layer in and present ones out")
+    k.add_argument("--genai", action="store_true",
+                   help="onnx, with --kv-cache: onnxruntime-genai's names (input_ids, "
+                        "past_key_values.{l}.key, ...) and its genai_config.json, with the "
+                        "model folder's tokenizer files (docs/generation.md)")
     k.add_argument("--strict", action="store_true",
                    help="checkpoint tensors holding NaN or Inf are an error, not a warning")
     k.add_argument("--seed", type=_seed, default=0,
                    help="onnx: seed of the random weights used without --weights")
+    k.add_argument("--quantize", choices=["int4", "int8"],
+                   help="onnx: weight matrices in blocks of 4- or 8-bit integers with a scale "
+                        "each (onnxruntime's MatMulNBits); see docs/onnx.md")
+    k.add_argument("--block-size", type=_block_size, metavar="B",
+                   help="onnx, with --quantize: weights per block (a power of two >= 16; "
+                        "default 32)")
+    k.add_argument("--quantize-embeddings", action="store_true",
+                   help="onnx, with --quantize: embedding tables too (GatherBlockQuantized)")
+    k.add_argument("--dtype", choices=["float32", "float16", "bfloat16"],
+                   help="the precision of the weights and the computations (default float32; "
+                        "norms and softmax accumulate in float32); bfloat16 is for --target "
+                        "torch")
 
     u = sub.add_parser("run", help="run a compiled ONNX model (or a spec) with onnxruntime")
     u.add_argument("target", metavar="DIR|SPEC")
@@ -205,6 +223,14 @@ def _opset(text: str) -> int:
     from .backends.onnx.lower import MAX_OPSET, MIN_OPSET
     return _int(text, MIN_OPSET, MAX_OPSET, f"the ONNX backend writes opsets {MIN_OPSET} to "
                 f"{MAX_OPSET}")
+
+
+def _block_size(text: str) -> int:
+    value = _int(text, 16, 2**16, "a block is a power of two from 16 to 65536 weights")
+    if value & (value - 1):
+        raise argparse.ArgumentTypeError(f"{value}: a block is a power of two (16, 32, 64, "
+                                         "...) of weights")
+    return value
 
 
 def _real(text: str) -> float:
@@ -932,12 +958,25 @@ def cmd_compile(args) -> int:
         return EXIT_USAGE
     onnx_only = [flag for flag, given in (
         ("--opset", args.opset is not None), ("--optimize", args.optimize is not None),
-        ("--external-data", args.external_data), ("--kv-cache", getattr(args, "kv_cache", 0)))
+        ("--external-data", args.external_data), ("--kv-cache", getattr(args, "kv_cache", 0)),
+        ("--genai", getattr(args, "genai", False)),
+        ("--quantize", getattr(args, "quantize", None) is not None),
+        ("--block-size", getattr(args, "block_size", None) is not None),
+        ("--quantize-embeddings", getattr(args, "quantize_embeddings", False)))
         if given]
     if args.target != "onnx" and onnx_only:
         step = " (the torch module has step() instead)" if "--kv-cache" in onnx_only else ""
         print(f"fgc: error: {', '.join(onnx_only)} {'is' if len(onnx_only) == 1 else 'are'} "
               f"for --target onnx{step}", file=sys.stderr)
+        return EXIT_USAGE
+    if getattr(args, "quantize", None) is None and {"--block-size", "--quantize-embeddings"} & \
+            set(onnx_only):
+        print("fgc: error: --block-size and --quantize-embeddings go with --quantize int4|int8",
+              file=sys.stderr)
+        return EXIT_USAGE
+    if getattr(args, "genai", False) and not getattr(args, "kv_cache", False):
+        print("fgc: error: --genai goes with --kv-cache: onnxruntime-genai runs the incremental "
+              "form", file=sys.stderr)
         return EXIT_USAGE
     if args.target == "onnx" and not _utf8(args.file):
         print(f"fgc: error: {args.file!r}: the file name is not UTF-8, which ONNX needs (it "
@@ -966,7 +1005,12 @@ def cmd_compile(args) -> int:
                               external_data=args.external_data,
                               seed=args.seed if args.target == "onnx" else 0,
                               kv_cache=getattr(args, "kv_cache", False),
-                              strict=getattr(args, "strict", False))
+                              strict=getattr(args, "strict", False),
+                              genai=getattr(args, "genai", False),
+                              dtype=getattr(args, "dtype", None),
+                              quantize=getattr(args, "quantize", None),
+                              block_size=getattr(args, "block_size", None),
+                              quantize_embeddings=getattr(args, "quantize_embeddings", False))
     except FgcError as e:
         _print_diagnostics(e.diagnostics, getattr(e, "sources", None) or spec.sources)
         return EXIT_SPEC

@@ -44,7 +44,9 @@ class Compiled:
     warnings: list[str] = field(default_factory=list)  # NaN/Inf in the checkpoint
 
 
-OUTPUTS = ("model.py", "weights.safetensors", "model.onnx", "model.onnx.data")
+OUTPUTS = ("model.py", "weights.safetensors", "model.onnx", "model.onnx.data",
+           "genai_config.json")  # a model folder's tokenizer files, copied with --genai,
+# are not among them: a later compile leaves them as it finds them
 # what fgc before 0.2 wrote beside a model: onnxruntime's optimised graphs and their stamp
 # (now in the user's cache, see runtime/session.py); stale once the model changes
 LEGACY = tuple(f"model.{tag}.opt.onnx{data}" for tag in ("cpu", "cuda", "tensorrt")
@@ -202,7 +204,9 @@ def compile_spec(spec_path: str, out_dir: str, target: str = "torch", preset: st
                  sets: dict | None = None, weights: str | None = None, *,
                  opset: int | None = None, optimize: str | None = None,
                  external_data: bool = False, seed: int = 0, kv_cache: bool = False,
-                 strict: bool = False) -> Compiled:
+                 strict: bool = False, dtype: str | None = None, quantize: str | None = None,
+                 block_size: int | None = None, quantize_embeddings: bool = False,
+                 genai: bool = False) -> Compiled:
     """Check a spec, then write the target's files; raises FgcError on any problem.
 
     torch: `model.py` (+ `weights.safetensors` with `weights`). onnx: `model.onnx` (+
@@ -211,9 +215,25 @@ def compile_spec(spec_path: str, out_dir: str, target: str = "torch", preset: st
     initialisation used without `weights`, `kv_cache` for the incremental form (past
     keys and values in, present ones out: see compiler/passes/incremental.py); the torch
     module of an autoregressive spec always has it, as `step()`. Checkpoint tensors
-    holding NaN or Inf are named in `Compiled.warnings`; with `strict`, they are an error."""
+    holding NaN or Inf are named in `Compiled.warnings`; with `strict`, they are an error.
+    `dtype` (float32 by default, float16, bfloat16 for torch) is the precision of the
+    weights, the real inputs and outputs and the computations, but for what accumulates in
+    float32 (compiler/lowering/precision.py): torch's weights.safetensors and `build()`'s
+    module, the ONNX graph's initializers, inputs, outputs and nodes.
+    `quantize` ("int4", "int8"; ONNX) stores each product's weight matrix in blocks of
+    `block_size` (32) as onnxruntime's MatMulNBits reads them, and with
+    `quantize_embeddings` the lookups' tables too (compiler/backends/onnx/quantize.py).
+    `genai` (ONNX, with `kv_cache`) names the graph's tensors as onnxruntime-genai does and
+    writes its genai_config.json, with a model folder's tokenizer files when `weights` is
+    one (compiler/backends/onnx/genai.py)."""
     if target not in ("torch", "onnx"):
         raise FgcError(f"unknown target `{target}` (targets: torch, onnx)", None)
+    if genai and (target != "onnx" or not kv_cache):
+        raise FgcError("--genai is for --target onnx with --kv-cache: onnxruntime-genai runs "
+                       "the incremental form", None)
+    from .lowering.precision import precision
+    prec = precision(dtype, target)
+    quant = _quantization(target, quantize, block_size, quantize_embeddings)
     spec = load(spec_path)
     errors, _ = spec.check()
     if errors:
@@ -230,19 +250,22 @@ def compile_spec(spec_path: str, out_dir: str, target: str = "torch", preset: st
         raise FgcError(f"`{spec.model.name}` has no preset `{preset}` (presets: "
                        f"{', '.join(spec.presets()) or 'none'})", None)
     cfg = spec.configure(preset, sets or {}, reading and reading.label(sets))
+    from .lowering.precision import check_range
+    check_range(prec, cfg.model, cfg.functions)  # a constant the precision cannot hold
     from .passes.budget import check_budget
     check_budget(spec, cfg, target, kv_cache)  # refuse what cannot finish, before any work
     if target == "onnx":
         prepare_output(out_dir)
         return _compile_onnx(spec, cfg, preset, out_dir, weights, opset, optimize,
-                             external_data, seed, kv_cache, strict)
+                             external_data, seed, kv_cache, strict, prec, quant, genai=genai)
     if opset is not None or optimize is not None or external_data or kv_cache:
         raise FgcError("--opset, --optimize, --external-data and --kv-cache are for --target "
                        "onnx (the torch module has step())", None)
     prepare_output(out_dir)  # refuse an unusable folder before the work, create it after
     from .backends.torch.codegen import Generator, Unsupported
     try:
-        source = Generator(spec, spec.symbolic(), cfg.values, spec.sources, preset).generate()
+        source = Generator(spec, spec.symbolic(), cfg.values, spec.sources, preset,
+                           prec).generate()
     except Unsupported as e:
         raise FgcError(f"the torch backend cannot lower this spec: {e}",
                        e.span or spec.model.span) from None
@@ -255,11 +278,14 @@ def compile_spec(spec_path: str, out_dir: str, target: str = "torch", preset: st
         if imported is not None:
             from runtime.progress import Progress
 
+            from .lazy import Converted, float_dtype
             from .weights import write_safetensors
+            tensors = imported.tensors
+            if prec.half:  # each converted as it is written (compiler/lazy.py)
+                tensors = {k: Converted(t, float_dtype(prec.name)) for k, t in tensors.items()}
             progress = Progress(f"writing {out.path / 'weights.safetensors'}",
-                                sum(t.nbytes for t in imported.tensors.values()),
-                                items=len(imported.tensors))
-            write_safetensors(imported.tensors, out.stage / "weights.safetensors", progress)
+                                sum(t.nbytes for t in tensors.values()), items=len(tensors))
+            write_safetensors(tensors, out.stage / "weights.safetensors", progress)
             progress.close()
             names.append("weights.safetensors")
         # the tensors were scanned as they were written: refused here, nothing is in place
@@ -272,14 +298,34 @@ def compile_spec(spec_path: str, out_dir: str, target: str = "torch", preset: st
     return result
 
 
-def _check_room(total_params: int, out: Path) -> None:
-    """Refuse sizes that cannot be written: float32 weights need 4 bytes each on disk (not
-    in memory: the weights are written one tensor at a time, compiler/lazy.py)."""
-    need = 4 * total_params
+def _quantization(target: str, kind: str | None, block: int | None, embeddings: bool):
+    """The ONNX backend's Quantization for --quantize (None without it); FgcError for a
+    flag that goes with it given without it, or given for torch."""
+    if kind is None and block is None and not embeddings:
+        return None
+    if target != "onnx":
+        raise FgcError("--quantize, --block-size and --quantize-embeddings are for --target "
+                       "onnx", None)
+    if kind is None:
+        raise FgcError("--block-size and --quantize-embeddings go with --quantize int4|int8",
+                       None)
+    from .backends.onnx.quantize import quantization
+    try:
+        return quantization(kind, block, embeddings)
+    except ValueError as e:
+        raise FgcError(str(e), None) from None
+
+
+def _check_room(total_params: int, out: Path, prec) -> None:
+    """Refuse sizes that cannot be written: float32 weights need 4 bytes each on disk,
+    float16 2 (not in memory: the weights are written one tensor at a time,
+    compiler/lazy.py)."""
+    need = prec.itemsize * total_params
     free = shutil.disk_usage(out).free
     if need > free:
-        raise FgcError(f"the weights take {_gib(need)} in float32 but {out} has {_gib(free)} "
-                       "free", None, "choose a smaller preset, or --set smaller sizes")
+        raise FgcError(f"the weights take {_gib(need)} in {prec.name} but {out} has "
+                       f"{_gib(free)} free", None, "choose a smaller preset, or --set smaller "
+                       "sizes")
 
 
 def _gib(n: int) -> str:
@@ -311,10 +357,10 @@ def _nonfinite(imported, weights: str | None, strict: bool) -> list[str]:
 
 
 def _compile_onnx(spec, cfg, preset, out_dir, weights, opset, optimize, external_data,
-                  seed, kv_cache=False, strict=False) -> Compiled:
+                  seed, kv_cache, strict, prec, quant=None, genai=False) -> Compiled:
     if optimize not in (None, "none", "ort"):
         raise FgcError(f"unknown --optimize `{optimize}` (choose ort)", None)
-    _check_room(cfg.total, _existing_ancestor(prepare_output(out_dir)))
+    _check_room(cfg.total, _existing_ancestor(prepare_output(out_dir)), prec)
     imported = None
     if weights is not None:
         from .weights import import_checkpoint, onnx_key
@@ -322,14 +368,16 @@ def _compile_onnx(spec, cfg, preset, out_dir, weights, opset, optimize, external
                                                key=onnx_key), weights)
     with imported or contextlib.nullcontext():
         return _lower_onnx(spec, cfg, preset, out_dir, weights, opset, optimize,
-                           external_data, seed, kv_cache, strict, imported)
+                           external_data, seed, kv_cache, strict, imported, prec, quant,
+                           genai=genai)
 
 
 def _lower_onnx(spec, cfg, preset, out_dir, weights, opset, optimize, external_data, seed,
-                kv_cache, strict, imported) -> Compiled:
+                kv_cache, strict, imported, prec, quant=None, genai=False) -> Compiled:
     from .backends.onnx.graph import PROTOBUF_LIMIT
     from .backends.onnx.lower import DEFAULT_OPSET, Lowerer, Unsupported
-    external = external_data or 4 * cfg.total > PROTOBUF_LIMIT - 2**26  # room for the graph
+    # past protobuf's limit, less room for the graph, the weights go to model.onnx.data
+    external = external_data or prec.itemsize * cfg.total > PROTOBUF_LIMIT - 2**26
     from runtime.progress import note
     note(f"lowering {cfg.model.name} ({cfg.total:,} parameters) to ONNX"
          + ("" if imported else f", random weights (seed {seed})"))
@@ -337,7 +385,8 @@ def _lower_onnx(spec, cfg, preset, out_dir, weights, opset, optimize, external_d
         lw = Lowerer(spec, spec.symbolic(), cfg.values, opset=opset or DEFAULT_OPSET,
                      optimize=None if optimize == "none" else optimize,
                      weights=imported.tensors if imported else None, seed=seed,
-                     preset=preset, kv_cache=kv_cache)
+                     preset=preset, kv_cache=kv_cache, precision=prec, quantize=quant,
+                     genai=genai)
         model, blobs = lw.lower(DATA_FILE if external else None, stream=not external)
     except Unsupported as e:
         raise FgcError(f"the ONNX backend cannot lower this spec: {e}",
@@ -346,7 +395,16 @@ def _lower_onnx(spec, cfg, preset, out_dir, weights, opset, optimize, external_d
 
     def checked() -> None:  # the weights were scanned as they were written
         warnings.extend(_nonfinite(imported, weights, strict))
-    files = write_onnx(model, blobs, out_dir, external, checked)
+    also = None
+    if genai:  # genai_config.json and the model folder's tokenizer files beside the graph
+        from .backends.onnx import genai as og
+        folder = weights if weights is not None and os.path.isdir(weights) else None
+        config, tokenizer, said = og.prepare(lw, folder)
+        warnings.extend(said)
+
+        def also(stage: Path) -> list[str]:
+            return og.write(stage, config, tokenizer)
+    files = write_onnx(model, blobs, out_dir, external, checked, also)
     result = Compiled(Path(out_dir), files, total=cfg.total, warnings=warnings)
     if imported is not None:
         result.ignored = imported.ignored
@@ -357,7 +415,7 @@ DATA_FILE = "model.onnx.data"
 
 
 def write_onnx(model, blobs: list, out_dir: str | Path, external: bool,
-               before_commit=None) -> list[Path]:
+               before_commit=None, also=None) -> list[Path]:
     """model.onnx (and model.onnx.data) into `out_dir` as one unit (`OutputFolder`): a data
     file of an earlier compile that this one does not write is removed. The initializers
     (numpy arrays or Lazy tensors) are materialized and written one at a time;
@@ -378,6 +436,8 @@ def write_onnx(model, blobs: list, out_dir: str | Path, external: bool,
             write_model(ProgressFile(f, progress), model, [] if external else blobs)
         names.append("model.onnx")
         progress.close()
+        if also is not None:  # more files beside the graph: also(stage) writes them there
+            names += also(out.stage)
         if before_commit is not None:
             before_commit()
         return out.commit(names)

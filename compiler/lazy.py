@@ -7,7 +7,8 @@ array derived from other lazy tensors (`reshape`, `transpose`, `Lazy.derived`). 
 kept after a materialization, so a writer that materializes one tensor, writes it and drops
 it holds one tensor at a time, whatever the model's size; a tensor used twice is computed
 twice. The ONNX graph (`backends/onnx/graph.py`, whose `Joined` is lazy in the same way)
-and `weights.write_safetensors` take these wherever they take numpy arrays.
+and `weights.write_safetensors` take these wherever they take numpy arrays; `Converted`
+gives any of them another floating dtype (`--dtype`) the same way, when written.
 """
 
 from __future__ import annotations
@@ -82,3 +83,31 @@ def stacked(parts: list, axis: int) -> Lazy:
             out[(slice(None),) * axis + (k,)] = np.asarray(part)
         return out
     return Lazy(shape, make)
+
+
+class Converted:
+    """A tensor (numpy, Lazy or Joined) in another floating dtype, converted when
+    materialized: a weight written in float16 is computed, converted and dropped, so no
+    converted copy of every weight is held beside the float32 ones."""
+
+    def __init__(self, source, dtype):
+        self.source, self.dtype = source, np.dtype(dtype)
+        self.shape = tuple(source.shape)
+        self.ndim, self.size = len(self.shape), math.prod(self.shape)
+        self.nbytes = self.size * self.dtype.itemsize
+
+    def __repr__(self) -> str:
+        return f"Converted({self.source!r}, {self.dtype})"
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        out = np.asarray(self.source).astype(self.dtype)
+        return out if dtype is None else out.astype(dtype, copy=False)
+
+
+def float_dtype(name: str) -> np.dtype:
+    """numpy's dtype of a precision's name (float32, float16, bfloat16: ml_dtypes', which
+    onnx depends on too)."""
+    if name == "bfloat16":
+        import ml_dtypes
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)

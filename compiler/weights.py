@@ -1037,7 +1037,8 @@ def write_safetensors(tensors: dict[str, np.ndarray | Lazy], path: Path,
     order = sorted(tensors)
     for name in order:
         arr = tensors[name]
-        code = _CODES.get(arr.dtype)
+        # (ml_dtypes' bfloat16, which --dtype bfloat16 writes, by name: no import for it)
+        code = _CODES.get(arr.dtype) or ("BF16" if arr.dtype.name == "bfloat16" else None)
         if code is None:
             raise ValueError(f"cannot write {arr.dtype} tensor `{name}` to safetensors")
         header[name] = {"dtype": code, "shape": list(arr.shape),

@@ -315,7 +315,8 @@ class _StateRunner:
                 outputs, state = run_segments(self.model, {self.tokens: x}, state=state,
                                               signature=self.sig)
         last = outputs[self.scores][:, -1]
-        last = last if self.onnx else last.float().cpu().numpy()
+        # in float32: a float16 graph's 1e-30 floor below would be 0, and its log -inf
+        last = last.astype(np.float32) if self.onnx else last.float().cpu().numpy()
         return (np.log(np.maximum(last, 1e-30)) if self.log else last), state
 
     def start(self, ids: np.ndarray, fixed: dict) -> np.ndarray:

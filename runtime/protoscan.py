@@ -14,7 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 # ModelProto
-MODEL_GRAPH, MODEL_METADATA, MODEL_FUNCTIONS = 7, 14, 25
+MODEL_IR_VERSION, MODEL_OPSET_IMPORT, MODEL_GRAPH, MODEL_METADATA, MODEL_FUNCTIONS = \
+    1, 8, 7, 14, 25
+# OperatorSetIdProto
+OPSET_DOMAIN, OPSET_VERSION = 1, 2
 # GraphProto
 GRAPH_NODE, GRAPH_INITIALIZER, GRAPH_OUTPUT, GRAPH_SPARSE_INITIALIZER = 1, 5, 12, 15
 # NodeProto / AttributeProto / FunctionProto
@@ -49,6 +52,8 @@ class ModelSummary:
     outputs: list[str] = field(default_factory=list)
     nodes: int = 0
     external: list[ExternalTensor] = field(default_factory=list)
+    ir_version: int = 0
+    opsets: dict[str, int] = field(default_factory=dict)  # domain ("" is ai.onnx) -> version
 
 
 def _fields(buf, start: int, end: int):
@@ -110,6 +115,16 @@ def _entry(buf, span) -> tuple[str, str]:
     return key, value
 
 
+def _opset(buf, span) -> tuple[str, int]:
+    domain, version = "", 0
+    for n, wire, v in _fields(buf, *span):
+        if n == OPSET_DOMAIN and wire == 2:
+            domain = _text(buf, v)
+        elif n == OPSET_VERSION and wire == 0:
+            version = v
+    return domain, version
+
+
 def _tensor(buf, span, out: list[ExternalTensor]) -> None:
     name, location, entries = "", 0, {}
     for n, wire, v in _fields(buf, *span):
@@ -167,8 +182,8 @@ def _graph(buf, span, summary: ModelSummary, top: bool) -> None:
 
 
 def scan(path: Path) -> ModelSummary:
-    """Metadata, graph outputs and external-data references of the model at `path`; a
-    WireError when its bytes are not a well-formed ModelProto."""
+    """Metadata, graph outputs, external-data references, IR version and opsets of the
+    model at `path`; a WireError when its bytes are not a well-formed ModelProto."""
     summary = ModelSummary()
     with open(path, "rb") as f:
         if f.seek(0, 2) == 0:
@@ -178,9 +193,14 @@ def scan(path: Path) -> ModelSummary:
             try:
                 graphs = 0
                 for n, wire, v in _fields(buf, 0, len(buf)):
+                    if n == MODEL_IR_VERSION and wire == 0:
+                        summary.ir_version = v
                     if wire != 2:
                         continue
-                    if n == MODEL_GRAPH:
+                    if n == MODEL_OPSET_IMPORT:
+                        domain, version = _opset(buf, v)
+                        summary.opsets[domain] = version
+                    elif n == MODEL_GRAPH:
                         graphs += 1
                         _graph(buf, v, summary, top=True)
                     elif n == MODEL_METADATA:

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from runtime.compat import plain, too_old
 from runtime.files import atomic_write, cache_home, open_regular, private_dir, read_entry
 from runtime.progress import Ticker, human_size
 from runtime.protoscan import ModelSummary, WireError, scan
@@ -181,7 +182,9 @@ class Model:
         except Exception as e:  # noqa: BLE001 - onnxruntime's errors are one class per cause
             if entry is not None:
                 entry.discard()
-            raise RuntimeError_(f"onnxruntime cannot load {path}: {str(e)[:300]}") from None
+            why = (too_old(summary.ir_version, summary.opsets, ort.__version__)
+                   or plain(str(e))[:300])
+            raise RuntimeError_(f"onnxruntime cannot load {path}: {why}") from None
         if entry is not None and not entry.hit:
             written = entry.commit()
             if written and not quiet:
@@ -197,6 +200,8 @@ class Model:
         self.state = self.signature.state
         # the incremental form (--kv-cache): the token input, its cache tensors' names and dims
         self.incremental = self.signature.incremental
+        # what the graph's real inputs and outputs hold (float32, or float16 from `--dtype`)
+        self.real = _real_type(self.session)
         self.provider = self.session.get_providers()[0]
         if self.provider != providers[0]:
             self.reason = f"{providers[0]} did not start; falling back to {self.provider}"
@@ -235,10 +240,10 @@ class Model:
                     for d in spec["dims"]]
             if name in self.state.values():  # no state yet: no rows on its length axes
                 out[name] = np.zeros([batch if d == "batch" else 0 if isinstance(d, str) else d
-                                      for d in spec["dims"]], np.float32)
+                                      for d in spec["dims"]], self.real)
                 self.notes.append(f"{name} not given: empty (the first segment)")
             elif spec["dtype"] != "int":
-                out[name] = np.zeros(dims, np.float32)
+                out[name] = np.zeros(dims, self.real)
                 self.notes.append(f"{name} not given: zeros")
             elif spec.get("perm"):
                 out[name] = np.broadcast_to(np.arange(dims[-1]), dims).astype(np.int64).copy()
@@ -261,7 +266,7 @@ class Model:
         for spec in self.inputs:
             name = spec["name"]
             x = np.asarray(feeds[name])
-            want = np.int64 if spec["dtype"] == "int" else np.float32 if \
+            want = np.int64 if spec["dtype"] == "int" else self.real if \
                 spec["dtype"] == "real" else np.bool_
             if spec["dtype"] == "int" and x.dtype.kind not in "iu":
                 raise RuntimeError_(f"input {name} holds {x.dtype}; it takes integers")
@@ -320,7 +325,7 @@ class Model:
             dims = c["dims"]
             if not given:
                 out[c["past"]] = np.zeros([(batch or 1) if d == "batch" else 0 if d == axis
-                                           else d for d in dims], np.float32)
+                                           else d for d in dims], self.real)
                 continue
             x = np.asarray(feeds[c["past"]])
             ok = x.ndim == len(dims) and all(
@@ -333,7 +338,7 @@ class Model:
                                     f"{_dims_text(dims)} with the batch of the tokens and "
                                     "the past length of the other keys and values")
             past = here
-            out[c["past"]] = np.ascontiguousarray(x, dtype=np.float32)
+            out[c["past"]] = np.ascontiguousarray(x, dtype=self.real)
         length = self.incremental["length"]
         chunk = self.incremental.get("chunk_batch")
         if past and chunk is not None and lengths.get(length, 1) > 1 and (batch or 1) > chunk:
@@ -360,10 +365,11 @@ class Model:
         lines = []
         for name, value in result.items():
             lines.append(f"output {name}: {value.dtype}{list(value.shape)}")
-            if name == "logits" or value.dtype != np.float32 or value.ndim < 2 or top < 1:
+            if name == "logits" or value.dtype.kind != "f" or value.ndim < 2 or top < 1:
                 continue
             last = value[0, -1] if value.ndim == 3 else value[0]
-            if not np.all(np.isfinite(last)) or abs(float(last.sum()) - 1) > 1e-3:
+            if not np.all(np.isfinite(last)) or \
+                    abs(float(last.sum(dtype=np.float64)) - 1) > 1e-3:
                 continue
             best = np.argsort(-last, kind="stable")[:top]
             where = "last position of sequence 1" if value.ndim == 3 else "sequence 1"
@@ -584,6 +590,17 @@ def _io_of(arg) -> dict:
     dtype = {"tensor(int64)": "int", "tensor(int32)": "int", "tensor(bool)": "bool"}.get(
         arg.type, "real")
     return {"name": arg.name, "dtype": dtype, "dims": dims, "lo": 0, "hi": 2**62}
+
+
+def _real_type(session) -> np.dtype:
+    """The type of the graph's real inputs and outputs, as onnxruntime reads them (fgc
+    writes them all in the precision it compiled for); float32 where it has none."""
+    kinds = {"tensor(float)": np.float32, "tensor(float16)": np.float16,
+             "tensor(double)": np.float64}
+    for arg in [*session.get_inputs(), *session.get_outputs()]:
+        if arg.type in kinds:
+            return np.dtype(kinds[arg.type])
+    return np.dtype(np.float32)
 
 
 def _dims_text(dims: list) -> str:

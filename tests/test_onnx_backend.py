@@ -385,6 +385,8 @@ def test_protoscan_agrees_with_onnx(tmp_path):
     assert summary.metadata == {p.key: p.value for p in proto.metadata_props}
     assert summary.outputs == [o.name for o in proto.graph.output]
     assert summary.nodes == len(proto.graph.node)
+    assert summary.ir_version == proto.ir_version
+    assert summary.opsets == {o.domain: o.version for o in proto.opset_import}
     want = []
     for t in proto.graph.initializer:
         if t.data_location == onnx.TensorProto.EXTERNAL:

@@ -354,10 +354,8 @@ def test_decoders_agree_across_targets(spec, tmp_path):
 
 
 # heads wide enough for GroupQueryAttention to turn them itself (a multiple of 16, tables
-# a multiple of 8 wide): grouped (Llama), a window and multi-head (Phi-3), 16 of 64
-# features turned (GPT-NeoX)
-TURNED = {"llama": dict(H=64, A=4, G=2), "phi3": dict(H=32, A=2, G=2, w=3),
-          "gpt_neox": dict(H=128, A=2, R=16)}
+# a multiple of 8 wide): grouped (Llama), 16 of 64 features turned (GPT-NeoX)
+TURNED = {"llama": dict(H=64, A=4, G=2), "gpt_neox": dict(H=128, A=2, R=16)}
 
 
 @pytest.mark.parametrize("spec", DECODERS)
@@ -369,7 +367,7 @@ def test_the_kv_cache_graph_steps_as_the_full_recompute(spec, target, tmp_path):
     _steps_as_the_full_recompute(_compile_decoder(spec, tmp_path, "--kv-cache"), target)
 
 
-@pytest.mark.parametrize("spec", DECODERS)
+@pytest.mark.parametrize("spec", sorted(TURNED))
 def test_group_query_attention_turns_queries_and_keys_itself(spec, tmp_path):
     """Under --optimize ort, onnxruntime's GroupQueryAttention takes the projections as
     they come and turns them itself (do_rotary, tables from position 0): no rotary
@@ -382,6 +380,16 @@ def test_group_query_attention_turns_queries_and_keys_itself(spec, tmp_path):
                if a.name == "do_rotary")
     # one product's Q | K | V given packed where no bias comes between (GPT-NeoX has them)
     assert all((n.input[1] == "") == (spec != "gpt_neox") for n in ops)
+    _steps_as_the_full_recompute(out, "ort", relative=True)
+
+
+def test_a_window_stays_with_the_standard_attention(tmp_path):
+    """A window (Phi-3's Mask^ST) is never GroupQueryAttention's `local_window_size`, whose
+    count differs between onnxruntime releases: the standard Attention with its band."""
+    out = _compile_decoder("phi3", tmp_path, "--kv-cache", sizes=dict(H=32, A=2, G=2))
+    graph = onnx.load(str(out["ort"] / "model.onnx")).graph
+    assert not any(n.op_type == "GroupQueryAttention" for n in graph.node)
+    assert sum(n.op_type == "Attention" and not n.domain for n in graph.node) == 2
     _steps_as_the_full_recompute(out, "ort", relative=True)
 
 

@@ -11,8 +11,9 @@ read off the inputs at run time.
 `masks` decides what each attention mask means (none, causal, a bias plus either) and where
 a mask becomes a tensor. `rotary` says what a use of RoPE (and its variants) turns, by
 which frequencies, and refuses a width no convention turns. A layer condition is read from
-its syntax tree (`elaborate.elaborator.guard_tree`) by every backend. Backends build on the
-prepared IR; `check` runs without torch or onnx.
+its syntax tree (`elaborate.elaborator.guard_tree`) by every backend. `precision` says in
+which type a model compiled with `--dtype` holds and computes each real value (what stays
+float32). Backends build on the prepared IR; `check` runs without torch or onnx.
 """
 
 from ..elaborate import ir

@@ -50,6 +50,10 @@ expressions over `self.config`; `at` gives them the configuration's values, whic
 graph stores (its sizes are fixed when it is compiled), and `signature` is the two in turn,
 so `build().signature()` is the ONNX graph's `fgc.signature`.
 
+With `--genai` (ONNX only) the names of the token input, the cache and the logits are
+onnxruntime-genai's (`GENAI_NAMES`: `input_ids`, `past_key_values.{l}.key`, ...), here,
+so the graph, its `fgc.signature` and the runtime agree on them (`genai_names`).
+
 This module imports neither torch, onnx nor jinja2.
 """
 
@@ -68,6 +72,20 @@ from ..names import Namer, ident, reserved
 BATCH = "batch"  # the leading axis of every input and output
 PAST = "past"  # the incremental form's run-time size: positions the cache holds
 LOGITS = "logits"  # the extra output holding the final Softmax's input
+
+# onnxruntime-genai's names (the defaults of its genai_config.json's decoder "inputs" and
+# "outputs"), which `--genai` gives the incremental form's tensors: the signature's role ->
+# the graph's name, `{l}` the layer from 0. The graph takes no `attention_mask` or
+# `position_ids` yet: they join this table (and genai_config.json's "inputs", written from
+# the signature by backends/onnx/genai.py) with padding support, not before.
+GENAI_NAMES = {
+    "tokens": "input_ids",
+    "past key": "past_key_values.{l}.key",
+    "past value": "past_key_values.{l}.value",
+    "present key": "present.{l}.key",
+    "present value": "present.{l}.value",
+    "logits": LOGITS,
+}
 
 
 def by_position(d, length: str | None) -> bool:
@@ -226,11 +244,12 @@ def logits_of(model: ir.Model, functions: dict[str, ir.Function]) -> str | None:
 
 
 def signature_form(model: ir.Model, functions: dict[str, ir.Function],
-                   incremental=None) -> dict:
+                   incremental=None, genai: bool = False) -> dict:
     """The signature (see the module's doc) of the symbolic `model` with the incremental
     form `incremental` (a passes.incremental.Incremental) or None, its sizes that depend on
     hyperparameters left as `Number`s and `Text`s: what the torch module prints over its
-    `self.config`. `at` gives them values."""
+    `self.config`. `at` gives them values. With `genai`, the token input, the cache and
+    the logits have onnxruntime-genai's names (`genai_names`)."""
     runs = run_lengths(model, functions)
     sizes = _Sizes(runs)
     inputs = []
@@ -270,7 +289,65 @@ def signature_form(model: ir.Model, functions: dict[str, ir.Function],
                          for d in incremental.dims(site, kind, BATCH, PAST)]})
         out["incremental"] = {"tokens": incremental.tokens, "length": runs[incremental.length],
                               "past": PAST, "cache": cache}
-    return out
+    return genai_names(out, model) if genai else out
+
+
+def genai_names(form: dict, model: ir.Model) -> dict:
+    """The signature (form) with onnxruntime-genai's names (GENAI_NAMES) for the token input,
+    the cache and the logits, so that its generic decoder (genai_config.json's type
+    "decoder") runs the graph; an FgcError where it cannot: a model without the incremental
+    form or logits, with inputs besides the tokens (genai feeds nothing else), or with a
+    cache other than one key and one value of (batch, heads, past, width) per layer."""
+    where = model.span
+    inc = form["incremental"]
+    if inc is None:
+        raise FgcError("--genai needs the incremental form (--kv-cache): onnxruntime-genai "
+                       "feeds the past keys and values back", where)
+    tokens = inc["tokens"]
+    others = [i["name"] for i in form["inputs"] if i["name"] != tokens]
+    if others:
+        raise FgcError(f"onnxruntime-genai's decoder feeds the token ids alone, and "
+                       f"`{model.name}` also takes " + ", ".join(f"`{n}`" for n in others),
+                       where, "--genai is for decoder-only models (GPT-2, LLaMA, ...)")
+    if form["logits"] is None:
+        raise FgcError(f"`{model.name}` has no logits (the input of a final Softmax of its "
+                       "one output) for onnxruntime-genai to pick tokens from", where)
+    cache = inc["cache"]
+    if [(c["kind"], c["block"] > 0) for c in cache] != [("key", True), ("value", True)]:
+        blocks = {c["block"] for c in cache}
+        raise FgcError("onnxruntime-genai keeps one key and one value per layer of one stack "
+                       f"of layers, and `{model.name}` caches {len(cache) // 2} attentions"
+                       + (" outside its layers" if 0 in blocks else
+                          f" in {len(blocks)} stacks of layers" if len(blocks) > 1 else
+                          " per layer"), where)
+    key, value = cache
+    if len(key["dims"]) != 4 or _sizes(key["dims"]) != _sizes(value["dims"]):
+        raise FgcError("onnxruntime-genai's cache is (batch, heads, past, head_size) for "
+                       f"keys and values alike; `{model.name}` caches keys "
+                       f"{_shown(key['dims'])} and values {_shown(value['dims'])}", where)
+    outputs = {o["name"] for o in form["outputs"]}
+    if tokens in outputs or outputs & set(GENAI_NAMES.values()):
+        clash = sorted(outputs & ({tokens} | set(GENAI_NAMES.values())))
+        raise FgcError(f"`{model.name}` has an output named `{clash[0]}`, which "
+                       "onnxruntime-genai's names would give to another tensor", where)
+    renamed = {tokens: GENAI_NAMES["tokens"]}
+    return {
+        **form,
+        "inputs": [{**i, "name": renamed.get(i["name"], i["name"])} for i in form["inputs"]],
+        "logits": {**form["logits"], "name": GENAI_NAMES["logits"]},
+        "incremental": {**inc, "tokens": GENAI_NAMES["tokens"], "cache": [
+            {**c, "past": GENAI_NAMES[f"past {c['kind']}"],
+             "present": GENAI_NAMES[f"present {c['kind']}"]} for c in cache]},
+    }
+
+
+def _sizes(dims: list) -> list:
+    return [d.size if isinstance(d, Number) else d for d in dims]
+
+
+def _shown(dims: list) -> str:
+    return "(" + ", ".join(format_poly(d) if isinstance(d, Poly) else str(d)
+                           for d in _sizes(dims)) + ")"
 
 
 def at(form, values: dict):
@@ -286,8 +363,9 @@ def at(form, values: dict):
 
 
 def signature(model: ir.Model, functions: dict[str, ir.Function], values: dict,
-              incremental=None) -> dict:
+              incremental=None, genai: bool = False) -> dict:
     """The signature (see the module's doc) of `model` at the configuration `values`
     (hyperparameter -> number), with the incremental form `incremental` (a
-    passes.incremental.Incremental) or None: what the ONNX graph stores."""
-    return at(signature_form(model, functions, incremental), values)
+    passes.incremental.Incremental) or None, and with `genai` onnxruntime-genai's names:
+    what the ONNX graph stores."""
+    return at(signature_form(model, functions, incremental, genai), values)

@@ -51,6 +51,7 @@ class CacheSite:
     value: tuple
     span: Span | None = None
     shared: frozenset = frozenset()  # "key", "value": one for every head (multi-query)
+    queries: Poly | None = None  # the query heads (A where `heads` is G), or None
 
 
 @dataclass
@@ -402,7 +403,8 @@ class _Walk:
         self.sites.append(CacheSite(
             loop=s.loop, path=s.path + (e.attrs["instance"],), heads=heads,
             key=self._cache_dims(k, s, e.span), value=self._cache_dims(v, s, e.span),
-            span=e.span, shared=same if heads is not None else frozenset()))
+            span=e.span, shared=same if heads is not None else frozenset(),
+            queries=e.family[1].subs(s.subst) if e.family is not None else None))
 
     @staticmethod
     def varies(o: ir.Operand, s: _Scope) -> bool:

@@ -8,14 +8,20 @@ the same spec always gives the same graph, byte for byte.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-DTYPES = {"real": TensorProto.FLOAT, "int": TensorProto.INT64, "bool": TensorProto.BOOL}
-NP = {"real": np.float32, "int": np.int64, "bool": np.bool_}
+from ...lazy import Converted
+
+# "real": the model's precision (a Graph's own `types`: float32 unless --dtype says
+# otherwise); "float32": float32 whatever the precision (compiler/lowering/precision.py)
+DTYPES = {"real": TensorProto.FLOAT, "float32": TensorProto.FLOAT, "int": TensorProto.INT64,
+          "bool": TensorProto.BOOL}
+NP = {"real": np.float32, "float32": np.float32, "int": np.int64, "bool": np.bool_}
 ORT_DOMAIN = "com.microsoft"
 EXTERNAL_MIN = 1024  # smaller initializers stay inside the .onnx file
 ALIGN = 4096  # external tensors start on page boundaries, so onnxruntime can map them
@@ -56,9 +62,16 @@ class Joined:
 
 
 class Graph:
-    def __init__(self) -> None:
+    def __init__(self, real: int = TensorProto.FLOAT) -> None:
+        """`real`: the element type of the graph's real values (its `--dtype`)."""
+        self.precision = helper.tensor_dtype_to_np_dtype(real)  # of the stored weights
+        # what "real" means for what is added now: the precision, or float32 (`wide`)
+        self.types = {**DTYPES, "real": real}
+        self.np = {**NP, "real": self.precision}
         self.nodes: list[Node | None] = []  # None: a node a fusion replaced
+        # float32 ones are stored in the precision (converted when written), but `exact`'s
         self.initializers: dict[str, np.ndarray | Joined] = {}
+        self.exact: set[str] = set()
         self.init_doc: dict[str, str] = {}
         self.value_info: dict[str, tuple[int, list]] = {}  # name -> (elem type, dims)
         self.taken: set[str] = set()
@@ -126,28 +139,51 @@ class Graph:
             self.domains.add(node.domain)
 
     # -- initializers and constants
-    def initializer(self, name: str, array: np.ndarray, doc: str = "") -> str:
+    def initializer(self, name: str, array: np.ndarray, doc: str = "",
+                    convert: bool = True) -> str:
+        """An array (a parameter, a table), float32 ones stored in the graph's precision
+        (converted when written) unless not `convert`."""
         name = self.fresh(name)
         self.initializers[name] = array
+        if not convert:
+            self.exact.add(name)
         if doc:
             self.init_doc[name] = doc
         return name
 
+    def stored(self, name: str):
+        """An initializer as it is written: a float32 one in the graph's precision."""
+        arr = self.initializers[name]
+        if arr.dtype != np.float32 or name in self.exact or self.precision == np.float32:
+            return arr
+        return Converted(arr, self.precision)
+
+    @contextlib.contextmanager
+    def wide(self):
+        """Real values (constants, Casts, shapes' types) made meanwhile are float32: a
+        half-precision graph computing something in float32 (lowering/precision.py)."""
+        saved = self.types["real"], self.np["real"]
+        self.types["real"], self.np["real"] = self.types["float32"], self.np["float32"]
+        try:
+            yield
+        finally:
+            self.types["real"], self.np["real"] = saved
+
     def const(self, value, dtype: str, shape: tuple = ()) -> str:
         """A small constant, shared by every use of the same value."""
-        arr = np.full(shape, value, dtype=NP[dtype]) if np.isscalar(value) else \
-            np.asarray(value, dtype=NP[dtype]).reshape(shape)
-        key = (dtype, arr.shape, arr.tobytes())
+        arr = np.full(shape, value, dtype=self.np[dtype]) if np.isscalar(value) else \
+            np.asarray(value, dtype=self.np[dtype]).reshape(shape)
+        key = (dtype, arr.dtype.str, arr.shape, arr.tobytes())
         if key not in self.consts:
             text = repr(value) if np.isscalar(value) else "x".join(map(str, arr.shape))
-            self.consts[key] = self.initializer(f"const/{dtype}/{text}", arr)
+            self.consts[key] = self.initializer(f"const/{dtype}/{text}", arr, convert=False)
         return self.consts[key]
 
     def ints(self, values: list[int]) -> str:
         return self.const(list(values), "int", (len(values),))
 
     def info(self, tensor: str, dtype: str, dims: list) -> None:
-        self.value_info[tensor] = (DTYPES[dtype], list(dims))
+        self.value_info[tensor] = (self.types[dtype], list(dims))
 
     # -- the model
     def model(self, inputs: list[tuple[str, str, list]], outputs: list[tuple[str, str, list]],
@@ -170,9 +206,10 @@ class Graph:
         inits = []
         blobs: list[tuple[int, np.ndarray]] = []
         offset = 0
-        for k, arr in self.initializers.items():
+        for k in self.initializers:
             if k not in used:
                 continue
+            arr = self.stored(k)
             if external and arr.nbytes >= EXTERNAL_MIN:
                 t = _header(k, arr, self.init_doc.get(k, ""))
                 offset = -(-offset // ALIGN) * ALIGN
@@ -190,9 +227,9 @@ class Graph:
                 t = numpy_helper.from_array(np.asarray(arr), k)
                 t.doc_string = self.init_doc.get(k, "")
             inits.append(t)
-        graph_inputs = [helper.make_tensor_value_info(n, DTYPES[d], dims)
+        graph_inputs = [helper.make_tensor_value_info(n, self.types[d], dims)
                         for n, d, dims in inputs]
-        graph_outputs = [helper.make_tensor_value_info(n, DTYPES[d], dims)
+        graph_outputs = [helper.make_tensor_value_info(n, self.types[d], dims)
                          for n, d, dims in outputs]
         io = {n for n, _, _ in inputs} | {n for n, _, _ in outputs}
         produced = {o for n in nodes for o in n.outputs}

@@ -22,6 +22,7 @@ matching patterns in a finished graph.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from dataclasses import dataclass, replace
@@ -42,7 +43,7 @@ from ...lowering.families import has_params, in_order, picks
 from ...lowering.layers import invariant
 from ...lowering.layout import shifted
 from ...lowering.masks import site_kinds
-from ...lowering.precision import FLOAT32, Precision
+from ...lowering.precision import FLOAT32, Precision, in_float32
 from ...lowering.products import groups
 from ...lowering.rotary import Rotary, frequencies, rotary
 from ...lowering.signature import LOGITS, PAST, by_position, run_lengths, signature
@@ -127,7 +128,8 @@ class Lowerer:
     def __init__(self, spec, cfg, values: dict, opset: int = DEFAULT_OPSET,
                  optimize: str | None = None, weights: dict | None = None, seed: int = 0,
                  preset: str | None = None, kv_cache: bool = False,
-                 precision: Precision = FLOAT32, quantize: Quantization | None = None):
+                 precision: Precision = FLOAT32, quantize: Quantization | None = None,
+                 genai: bool = False):
         if not MIN_OPSET <= opset <= MAX_OPSET:
             raise Unsupported(f"opset {opset} is not supported; choose {MIN_OPSET} to "
                               f"{MAX_OPSET}")
@@ -156,6 +158,7 @@ class Lowerer:
         self.logits_of: dict[int, V] = {}  # id(Softmax result) -> its input
         # the incremental form (kv_cache): past keys and values in, present ones out
         self.inc: Incremental | None = derive(cfg.model, cfg.functions) if kv_cache else None
+        self.genai = genai  # onnxruntime-genai's names (lowering/signature.py, GENAI_NAMES)
         if self.inc is not None and PAST in {h.name for h in self.model.hypers}:
             raise Unsupported(f"a hyperparameter named `{PAST}`: the incremental form's axis "
                               "of earlier positions has that name; rename the hyperparameter")
@@ -519,6 +522,17 @@ class Lowerer:
         out = self.g.op("Cast", [x], f"{v.name}/real", to=self.g.types["real"])
         return V("real", v.roles, v.own, name=out, fam=v.fam)
 
+    def cast(self, v: V, to: str) -> V:
+        """A real value cast to `to` ("real": the model's precision, or "float32"); others
+        as they are."""
+        if v.dtype != "real":
+            return v
+        v = self.canonical(v)
+        out = self.g.op("Cast", [v.name], f"{v.name}/{to}", to=self.g.types[to])
+        nv = V("real", v.roles, v.own, name=out, fam=v.fam)
+        self.g.info(out, to, self.dims(nv))
+        return nv
+
     def held(self, layout: ir.Layout, scope: Scope) -> int:
         """How far below the spec's values a layout holds integers, as a number."""
         return 0 if layout.held is None else _int(self.ev(layout.held, scope.penv))
@@ -552,11 +566,15 @@ class Lowerer:
         dyn_syms = sequence_symbols(m, self.functions)
         # inputs, outputs, state, names of the run lengths and of the cache tensors: decided
         # in compiler/lowering/signature.py, stored whole as the metadata `fgc.signature`
-        self.signature = signature(m, self.functions, self.values, self.inc)
+        self.signature = signature(m, self.functions, self.values, self.inc, self.genai)
         runtime_name = run_lengths(m, self.functions)
         if self.inc is not None:
             self.generated = self.signature["incremental"]["length"]
+        # each input's tensor: the spec's name, or onnxruntime-genai's with --genai
+        graph_name = {v.name: i["name"] for v, i in zip(m.inputs, self.signature["inputs"],
+                                                          strict=True)}
         self.g.taken.update(v.name for v in m.inputs)
+        self.g.taken.update(graph_name.values())
         self.g.taken.update(o.name for o in m.outputs)
         self.g.taken.add(LOGITS)
         for h in m.hypers:
@@ -580,14 +598,14 @@ class Lowerer:
                 if isinstance(d, Poly) and len(d.symbols()) == 1 and d == Poly.sym(
                         next(iter(d.symbols()))) and d.symbols() <= dyn_syms:
                     self.dynamic.setdefault(runtime_name[next(iter(d.symbols()))],
-                                            (v.name, first + k))
+                                            (graph_name[v.name], first + k))
             offset = _int(self.ev(t.lo, penv)) if t.dtype == "int" else 0
-            val = V(t.dtype, (self.batch,), own, name=v.name, offset=offset)
+            val = V(t.dtype, (self.batch,), own, name=graph_name[v.name], offset=offset)
             if fam is not None:  # an input family `X_r: ... for r in 1..N`: one tensor, the
                 role = self._role(fam, v.name)  # family's axis right after the batch
                 val = replace(val, roles=(self.batch, role), fam=role)
             scope.vals[v.name] = val
-            inputs.append((v.name, val.dtype, self.dims(val)))
+            inputs.append((graph_name[v.name], val.dtype, self.dims(val)))
         if self.inc is not None:
             inputs += self._cache_inputs()
         for p in m.params:
@@ -774,7 +792,7 @@ class Lowerer:
             what = f"RoPE's frequencies: width {r.width}, theta {r.theta:g}" + (
                 f", {r.scaling} scaling {list(r.factors)}" if r.factors else "")
             f = self.g.initializer(f"{label}/frequencies", frequencies(r), what,
-                                   dtype="float32")
+                                   convert=False)
             angles = self.g.op("Mul", [positions, f], f"{label}/angles")
             tables = (self.g.op("Cos", [angles], f"{label}/cos"),
                       self.g.op("Sin", [angles], f"{label}/sin"))
@@ -1001,19 +1019,30 @@ class Lowerer:
             # computes once is lowering.layers.invariant's
             key = (fn.name, tuple(id(v) for v in ins),
                    tuple(sorted((k, str(x)) for k, x in env.items())),
-                   tuple(sorted(e.attrs.get("masks", {}).items())))
+                   tuple(sorted(e.attrs.get("masks", {}).items())), self.g.types["real"])
             if key in self.memo:
                 return self.memo[key][1]
+        # a half-precision model computes tables and RoPE's equations in float32
+        # (lowering/precision.py), inside which everything is float32 already
+        wide = self.precision.half and self.g.types["real"] == self.precision.onnx and \
+            in_float32(fn, self.functions)
         for decl, v in zip(fn.inputs, ins):
-            callee.vals[decl.name] = self.hold(v, SPEC_VALUE, scope)  # a module takes those
-        if role is not None and fn.params:
-            raise Unsupported(f"`{fn.name}` has parameters but is used once per family member")
-        for inner in fn.eqns:
-            self.eqn(inner, callee)
-        outs = [callee.vals[o.name] for o in fn.outputs]
-        for o, declared in zip(outs, fn.outputs):
-            if declared.type.dtype == "real" and o.dtype != "real":
-                outs[outs.index(o)] = self.as_real(o)
+            v = self.hold(v, SPEC_VALUE, scope)  # a module takes those
+            callee.vals[decl.name] = self.cast(v, "float32") if wide else v
+        with self.g.wide() if wide else contextlib.nullcontext():
+            if role is not None and fn.params:
+                raise Unsupported(f"`{fn.name}` has parameters but is used once per family "
+                                  "member")
+            for inner in fn.eqns:
+                self.eqn(inner, callee)
+            outs = [callee.vals[o.name] for o in fn.outputs]
+            for o, declared in zip(outs, fn.outputs):
+                if declared.type.dtype == "real" and o.dtype != "real":
+                    outs[outs.index(o)] = self.as_real(o)
+            if wide:  # laid out while float32 (a lazy form's tensor made now)
+                outs = [self.canonical(o) for o in outs]
+        if wide:
+            outs = [self.cast(o, "real") for o in outs]
         if role is not None:
             outs = [replace(o, fam=role) if role in o.roles else o for o in outs]
         if table:
@@ -1660,7 +1689,11 @@ def _moe(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
     top, chosen = lw.g.node("TopK", [logits, lw.g.ints([k])], f"{path}/top", 2, axis=-1,
                             largest=1, sorted=1)
     weight = lw.softmax(top, f"{path}/weight")
-    out = lw.g.op("Mul", [rows, lw.g.const(0.0, "real")], f"{path}/zeros")
+    # the experts' outputs are summed in float32 in a half-precision model (onnxruntime's
+    # CPU ScatterND has no float16 add either)
+    total = "float32" if lw.precision.half else "real"
+    out = lw.g.op("Mul", [lw.g.op("Cast", [rows], f"{path}/rows", to=lw.g.types[total]),
+                          lw.g.const(0.0, total)], f"{path}/zeros")
     for expert in range(_int(router.own[-1])):
         at = f"{path}/expert{expert + 1}"
         member = lw.g.const(expert, "int")
@@ -1675,8 +1708,12 @@ def _moe(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
         y = lw.g.op("MatMul", [lw.g.op("Mul", [a, lw.g.op("MatMul", [h, mats[1]], at)], at),
                                mats[2]], at)
         y = lw.g.op("Mul", [y, lw.g.op("Unsqueeze", [w, lw.g.ints([1])], at)], at)
+        if lw.precision.half:
+            y = lw.g.op("Cast", [y], at, to=lw.g.types[total])
         where = lw.g.op("Unsqueeze", [picked, lw.g.ints([1])], at)
         out = lw.g.op("ScatterND", [out, where, y], at, reduction="add")
+    if lw.precision.half:
+        out = lw.g.op("Cast", [out], path, to=lw.g.types["real"])
     return [_like(lw, x, lw.g.op("Reshape", [out, lw.g.op("Shape", [x.name], path)], path))]
 
 
@@ -1779,10 +1816,11 @@ def _attention(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
     # grouped-query: keys and values of G heads, which ONNX's Attention shares out itself
     # where query head i reads head (i - 1) div (A / G) + 1; else each query head's picked
     grouped = e.attrs.get("groups") is not None
+    # (not a window: onnxruntime's `local_window_size` counts w keys from 1.31 and w + 1
+    # in 1.23, which the graph cannot tell apart)
     if lw.optimize == "ort" and (grouped or cached) and kind is not None and kind.causal \
-            and not kind.bias:
-        out = _ort_group_attention(lw, q, k, v, mask.lazy if kind.window else None,
-                                   intrinsic(callee.fn).scale, callee.path)
+            and not kind.bias and not kind.window:
+        out = _ort_group_attention(lw, q, k, v, intrinsic(callee.fn).scale, callee.path)
         if out is not None:
             return [out]
 
@@ -1837,7 +1875,8 @@ def _attention(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
         if bias is not None:
             inputs.append(bias)
         out = lw.g.op("Attention", inputs, path, is_causal=1 if causal else None,
-                      q_num_heads=heads, kv_num_heads=heads, scale=scale)
+                      q_num_heads=heads, kv_num_heads=heads, scale=scale,
+                      softmax_precision=_softmax_precision(lw))
     else:
         return [_attention_equations(lw, callee, q, k, v, mask, causal, scale)]
     res = V("real", q.roles, out_own, packed=out, fam=q.fam)
@@ -1865,7 +1904,8 @@ def _heads_attention(lw: Lowerer, q: V, k: V, v: V, bias: str | None, causal: bo
     heads = {"q_num_heads": _int(q.fam.size), "kv_num_heads": _int(k.fam.size)} if flat \
         else {}
     outs = lw.g.node("Attention", inputs, path, 3 if past else 1,
-                     is_causal=1 if causal else None, scale=scale, **heads)
+                     is_causal=1 if causal else None, scale=scale,
+                     softmax_precision=_softmax_precision(lw), **heads)
     if past:
         total = Poly.sym(PAST) + k.own[0]
         for present, new, tensor in ((rk, k, outs[1]), (rv, v, outs[2])):
@@ -1877,12 +1917,12 @@ def _heads_attention(lw: Lowerer, q: V, k: V, v: V, bias: str | None, causal: bo
     return res
 
 
-def _ort_group_attention(lw: Lowerer, q: V, k: V, v: V, window: Poly | None,
-                         scale: float | None, path: str) -> V | None:
+def _ort_group_attention(lw: Lowerer, q: V, k: V, v: V, scale: float | None,
+                         path: str) -> V | None:
     """onnxruntime's GroupQueryAttention: causal attention of A query heads over G key and
     value heads (G = A too), in one product's layout, with the past keys and values in
-    and the present ones out in the incremental form; a window of w keys is its
-    `local_window_size` w - 1. Where q and k are turned by one rotation (its rotary
+    and the present ones out in the incremental form. Where q and k are turned by one
+    rotation (its rotary
     operators made them), it turns them itself (`do_rotary`, the tables from position 0:
     it reads each row's by position, the past's length on). None where its kernel does
     not apply (a head width not a multiple of 8; queries and keys of different lengths)."""
@@ -1895,7 +1935,7 @@ def _ort_group_attention(lw: Lowerer, q: V, k: V, v: V, window: Poly | None,
                for x in (q, kn, vn)) or q.own[0] != kn.own[0]:
         return None
     d = _int(q.own[-1])
-    if d % 8 or window is not None and not window.is_const():
+    if d % 8:
         return None
     xq, xk = lw.packed_form(q), lw.packed_form(kn)
     rq, rk_ = lw.turned.get(xq), lw.turned.get(xk)
@@ -1920,8 +1960,7 @@ def _ort_group_attention(lw: Lowerer, q: V, k: V, v: V, window: Poly | None,
     lengths, n = lw.shared_tables[key]
     inputs = [xq, xk, xv, pk if past else "", pv if past else "", lengths, n]
     attrs = {"num_heads": _int(q.fam.size), "kv_num_heads": _int(kn.fam.size),
-             "scale": scale,
-             "local_window_size": _int(window) if window is not None else None}
+             "scale": scale}
     if rot is not None:
         inputs += list(lw.rotary_tables(rot, total, whole=True))
         attrs.update(do_rotary=1, rotary_interleaved=1 if rot.interleaved else 0)
@@ -1936,6 +1975,13 @@ def _ort_group_attention(lw: Lowerer, q: V, k: V, v: V, window: Poly | None,
     res = V("real", q.roles, (q.own[0], vn.own[-1]), fam=q.fam, packed=outs[0])
     lw.info(outs[0], res, packed=True)
     return res
+
+
+def _softmax_precision(lw: Lowerer) -> int | None:
+    """ONNX Attention's softmax in float32 (TensorProto.FLOAT) in a half-precision model,
+    as every other softmax of it (lowering/precision.py); by default the op would run it
+    in its inputs' type."""
+    return 1 if lw.precision.half else None
 
 
 def _attention_equations(lw: Lowerer, callee: Scope, q: V, k: V, v: V, mask: V | None,
@@ -1978,7 +2024,9 @@ def _ort_attention(lw: Lowerer, q: V, k: V, v: V, causal: bool, bias: str | None
     (their weights packed side by side: one GEMM), MultiHeadAttention otherwise; `scale`
     is the scores' factor (None: 1/sqrt(d))."""
     attrs = {"num_heads": heads, "unidirectional": 1 if causal else None, "scale": scale}
-    same_x = q.kind == k.kind == v.kind == "proj" and q.lazy[0] is k.lazy[0] is v.lazy[0]
+    # (quantized weights: the products stay their own, MatMulNBits each)
+    same_x = q.kind == k.kind == v.kind == "proj" and q.lazy[0] is k.lazy[0] is v.lazy[0] \
+        and lw.quantizer is None
     if not same_x:  # (unidirectional: causal over queries and keys of one length)
         inputs = [lw.packed_form(q), lw.packed_form(k), lw.packed_form(v)]
         if bias is not None:

@@ -31,6 +31,7 @@ from ...lowering.families import has_params
 from ...lowering.layers import invariant
 from ...lowering.layout import JOINS, MOVES, READS_HELD, shifted
 from ...lowering.masks import PER_USE, MaskKind, from_caller, kind_of_input
+from ...lowering.precision import FLOAT32, Precision
 from ...lowering.signature import Number, Text, at, by_position, run_lengths, signature_form
 from ...names import (
     FUNCTIONAL,
@@ -1277,8 +1278,10 @@ class _Names(dict):
 
 
 class Generator:
-    def __init__(self, spec, cfg, values: dict, sources, preset: str | None):
+    def __init__(self, spec, cfg, values: dict, sources, preset: str | None,
+                 precision: Precision = FLOAT32):
         self.spec = spec
+        self.precision = precision  # build()'s dtype (--dtype: lowering/precision.py)
         self.cfg = cfg  # the symbolic configuration: IR with sizes as symbols
         # the IR with the shared lowering's operations (compiler/lowering)
         self.model, self.functions = prepare(cfg.model, cfg.functions)
@@ -2227,6 +2230,7 @@ class Generator:
             imports="\n".join(imports),
             spec=safe_name(self.spec.path), model=model_view, layers=layer_classes,
             modules=modules, fields=fields, derived=derived, preset=self.preset,
+            precision=self.precision,
             # the helpers what is left after pruning calls, each emitted only then
             uses_causal=bool(re.search(r"(?<![\w.])causal_mask\(", text)),
             uses_window=bool(re.search(r"(?<![\w.])window_mask\(", text)),
