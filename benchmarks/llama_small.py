@@ -323,8 +323,10 @@ def mib(n: int) -> str:
     return f"{n / 2**20:.0f} MiB"
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def decoding_arguments(doc: str, mark: str) -> argparse.ArgumentParser:
+    """The command line of a decoding benchmark on this model (this one's, and
+    benchmarks/quantize_decode.py's)."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--threads", type=int, default=2,
                     help="onnxruntime intra-op / torch threads (default 2)")
     ap.add_argument("--quick", action="store_true",
@@ -336,7 +338,12 @@ def main() -> None:
     ap.add_argument("--genai-site", help="a folder with onnxruntime-genai and onnx-ir "
                     "installed (--no-deps); default: installed into fgc's cache folder")
     ap.add_argument("--write-readme", action="store_true",
-                    help=f"write the tables into README.md's <!-- {MARK} --> block")
+                    help=f"write the tables into README.md's <!-- {mark} --> block")
+    return ap
+
+
+def main() -> None:
+    ap = decoding_arguments(__doc__, MARK)
     ap.add_argument("--genai-worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.genai_worker:

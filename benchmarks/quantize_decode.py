@@ -27,7 +27,6 @@ file); the emitting process's wall time and peak memory (one run each).
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import tempfile
@@ -73,19 +72,7 @@ def same_codes(ours: Path, theirs: Path) -> tuple[int, int]:
 def main() -> None:
     import llama_small as ls
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--threads", type=int, default=2,
-                    help="onnxruntime intra-op threads (default 2)")
-    ap.add_argument("--quick", action="store_true",
-                    help="fewer ids and repetitions, for trying the script")
-    ap.add_argument("--prompt", type=int, default=16, help="decoding's prompt length P")
-    ap.add_argument("--new", type=int, default=None, help="new ids N (default 64; 16 quick)")
-    ap.add_argument("--batches", type=int, nargs="+", default=[1, 4])
-    ap.add_argument("--prefill", type=int, default=128, help="prefill's prompt length")
-    ap.add_argument("--genai-site", help="a folder with onnxruntime-genai and onnx-ir "
-                    "installed (--no-deps); default: installed into fgc's cache folder")
-    ap.add_argument("--write-readme", action="store_true",
-                    help=f"write the table into README.md's <!-- {MARK} --> block")
+    ap = ls.decoding_arguments(__doc__, MARK)
     args = ap.parse_args()
     quick, threads = args.quick, args.threads
     new = args.new or (16 if quick else 64)

@@ -105,18 +105,24 @@ def has_config(folder: str | os.PathLike) -> bool:
     return os.path.isdir(folder) and os.path.lexists(os.path.join(folder, CONFIG_FILE))
 
 
-def read_config(folder: str | os.PathLike) -> ConfigFile:
-    """`folder`'s config.json: a JSON object, read as a regular file of at most
-    MAX_CONFIG_BYTES; an FgcError naming the file (and the line, for JSON that does not
-    parse) otherwise."""
+def read_small(path: str, limit: int) -> bytes:
+    """A model folder's small file (config.json, generation_config.json), read as a
+    regular file of at most `limit` bytes; an FgcError naming it otherwise."""
     from runtime.files import FileError, read_regular
-    path = os.path.join(str(folder), CONFIG_FILE)
     try:
-        data = read_regular(path, MAX_CONFIG_BYTES)
+        return read_regular(path, limit)
     except FileError as e:
         raise FgcError(f"{path} {e.strerror}", None) from None
     except OSError as e:
         raise FgcError(f"cannot read {path}: {e.strerror or e}", None) from None
+
+
+def read_config(folder: str | os.PathLike) -> ConfigFile:
+    """`folder`'s config.json: a JSON object, read as a regular file of at most
+    MAX_CONFIG_BYTES; an FgcError naming the file (and the line, for JSON that does not
+    parse) otherwise."""
+    path = os.path.join(str(folder), CONFIG_FILE)
+    data = read_small(path, MAX_CONFIG_BYTES)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:

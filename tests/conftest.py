@@ -68,6 +68,23 @@ TINY_EXTRA = {
 }
 
 
+def own_names(spec: str, folder: Path) -> Path:
+    """specs/<spec>.fgpt without its checkpoint block, written into `folder`: --weights
+    then reads the compiled module's own names (weights drawn by a test, not a released
+    file's)."""
+    import re
+    text = (ROOT / "specs" / f"{spec}.fgpt").read_text()
+    start = re.search(r"^  checkpoint \{", text, re.M).start()
+    depth, end = 0, start
+    for end in range(start, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[end], 0)
+        if depth == 0 and text[end] == "}":
+            break
+    path = folder / f"{spec}.fgpt"
+    path.write_text(text[:start] + text[end + 1:])
+    return path
+
+
 def set_args(values: dict) -> list[str]:
     """`--set K=V` for each size, as a command line gives them."""
     return [x for k, v in values.items() for x in ("--set", f"{k}={v}")]

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from conftest import ROOT, fgc, peaked_weights, set_args
+from conftest import fgc, own_names, peaked_weights, set_args
 
 from compiler.emit import compile_spec
 from runtime import generate, load
@@ -34,21 +34,6 @@ SIZES = {"gpt2": dict(L=2, H=32, A=2, V=64, n=16),
 # module); Llama 4.6e-3, 5.3e-3; bfloat16 modules 1.1e-2 and 1.1e-1
 BUDGET = {"float16": 1e-2, "bfloat16": 0.25}
 TOP1 = {"float16": 1.0, "bfloat16": 0.9}  # measured 1.0; bfloat16 0.97 and 1.0
-
-
-def _own_names(spec: str, folder: Path) -> Path:
-    """specs/<spec>.fgpt without its checkpoint block: --weights reads the compiled
-    module's own names."""
-    text = (ROOT / "specs" / f"{spec}.fgpt").read_text()
-    start = re.search(r"^  checkpoint \{", text, re.M).start()
-    depth = 0
-    for end in range(start, len(text)):
-        depth += {"{": 1, "}": -1}.get(text[end], 0)
-        if depth == 0 and text[end] == "}":
-            break
-    path = folder / f"{spec}.fgpt"
-    path.write_text(text[:start] + text[end + 1:])
-    return path
 
 
 def _module(folder: Path):
@@ -69,7 +54,7 @@ def case(request, tmp_path_factory):
     float32 module's logits of them)."""
     spec = request.param
     folder = tmp_path_factory.mktemp(spec)
-    path = _own_names(spec, folder)
+    path = own_names(spec, folder)
     compile_spec(str(path), str(folder / "torch32"), "torch", sets=SIZES[spec])
     model = _module(folder / "torch32")
     torch.manual_seed(0)

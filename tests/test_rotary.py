@@ -13,12 +13,11 @@ gives the full recomputation's logits; and a width no convention turns is a loca
 from __future__ import annotations
 
 import importlib.util
-import re
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ROOT, fgc, peaked_weights, set_args, tiny_sets
+from conftest import ROOT, fgc, own_names, peaked_weights, set_args, tiny_sets
 from hf_parity import assert_greedy, assert_probabilities, module, tokens
 
 torch = pytest.importorskip("torch")
@@ -302,24 +301,9 @@ def test_scaled_llama_equals_transformers(scaled_llama):
 DECODERS = ["llama", "phi3", "gpt_neox"]
 
 
-def _own_names(spec: str, folder: Path) -> Path:
-    """specs/<spec>.fgpt without its checkpoint block: --weights then reads the compiled
-    module's own names (weights drawn here, not a released file's)."""
-    text = (ROOT / "specs" / f"{spec}.fgpt").read_text()
-    start = re.search(r"^  checkpoint \{", text, re.M).start()
-    depth, end = 0, start
-    for end in range(start, len(text)):
-        depth += {"{": 1, "}": -1}.get(text[end], 0)
-        if depth == 0 and text[end] == "}":
-            break
-    path = folder / f"{spec}.fgpt"
-    path.write_text(text[:start] + text[end + 1:])
-    return path
-
-
 def _compile_decoder(spec: str, folder: Path, *extra: str, sizes: dict | None = None) -> dict:
     sets = set_args({**tiny_sets(f"specs/{spec}.fgpt"), **(sizes or {})})
-    path = _own_names(spec, folder)
+    path = own_names(spec, folder)
     out = {}
     r = fgc("compile", str(path), *sets, "--target", "torch", "-o", str(folder / "torch"))
     assert r.returncode == 0, r.stderr

@@ -192,19 +192,13 @@ def _plain(name: str) -> bool:
 def _read_json(folder: str, name: str):
     """A JSON file of the model folder, or None where there is none; an FgcError naming it
     when it is not a regular file of the folder's own or not JSON."""
-    from runtime.files import FileError, read_regular
-
+    from ...config_json import read_small
     from ...weights import _in_folder
     path = os.path.join(folder, name)
     if not os.path.lexists(path):
         return None
     _in_folder(Path(path), Path(folder))
-    try:
-        data = read_regular(path, MAX_JSON)
-    except FileError as e:
-        raise FgcError(f"{path} {e.strerror}", None) from None
-    except OSError as e:
-        raise FgcError(f"cannot read {path}: {e.strerror or e}", None) from None
+    data = read_small(path, MAX_JSON)
     try:
         return json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
