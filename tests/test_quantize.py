@@ -223,6 +223,23 @@ def test_logits_stay_close_to_float32(model, kind, compiled):
         assert np.linalg.norm(int8 - want) / spread < distance / 5
 
 
+def test_ort_attention_reads_quantized_products(compiled):
+    """Under --optimize ort, GPT-2's attention without a cache would take its Q|K|V weights
+    packed in float (com.microsoft.Attention): quantized, it takes the MatMulNBits
+    products instead (MultiHeadAttention), no float matrix is left, and the logits are
+    the standard quantized graph's."""
+    model = compiled(GPT2, quantize="int8", optimize="ort")
+    ops = {n.op_type for n in model.graph.node}
+    assert "MultiHeadAttention" in ops and "Attention" not in ops
+    # float matrices of H rows or more: the lookup's table alone (read whole)
+    floats = [i.name for i in model.graph.initializer if len(i.dims) == 2 and
+              min(i.dims) >= GPT2[1]["H"] and i.data_type == onnx.TensorProto.FLOAT]
+    assert floats == ["W_e"], floats
+    x = tokens(GPT2)
+    got, want = logits(model, x), logits(compiled(GPT2, quantize="int8"), x)
+    assert np.abs(got - want).max() <= 1e-4
+
+
 def test_a_tied_table_is_stored_once(compiled):
     model = compiled(GPT2, quantize="int4", quantize_embeddings=True)
     inits = _initializers(model)

@@ -12,8 +12,8 @@ What stays in float32 in a half-precision model, in both backends:
   `layer_norm` / `rms_norm` (which accumulate half inputs in float32);
 - a softmax: the ONNX graph casts its input to float32 and its result back (`Softmax` and
   the equations of attention); torch's `softmax` accumulates half inputs in float32.
-  ONNX's Attention op can state it (`softmax_precision` 1), which the graph does not set
-  yet: onnxruntime's CPU kernel gives the same numbers with and without it;
+  ONNX's Attention op states it (`softmax_precision` 1), which onnxruntime's CPU kernel
+  computes the same with or without;
 - rotary positions: the angles (position × frequency), their cosines and sines in float32,
   then the tables in the model's precision (torch's `rotary_tables` does the same); where
   the ONNX graph lowers a RoPE module's own equations (below opset 23), the whole module

@@ -6,8 +6,8 @@ plain weight, a family of heads read as one (H, A·D) matrix, the joined W_Q+W_K
 grouped product, a head tied to its embedding, read as W_e^T), never from names. With
 `embeddings`, a lookup in a weight table becomes `GatherBlockQuantized` over the same
 blocks, so a tied table is stored once. Everything else stays in the model's precision:
-biases, norms, positional tables, routers and experts of a mixture, and the packed Q|K|V
-weights onnxruntime's `Attention` takes under `--optimize ort`.
+biases, norms, positional tables, routers and experts of a mixture. (Under `--optimize
+ort`, attention that would take its Q|K|V weights packed takes the quantized products.)
 
 The scheme is onnxruntime's own symmetric one (MLAS's `MlasQuantizeBlockwise`, what its
 `MatMulNBitsQuantizer` and the onnxruntime-genai builder write), computed as it computes
