@@ -1010,7 +1010,8 @@ def cmd_compile(args) -> int:
                               dtype=getattr(args, "dtype", None),
                               quantize=getattr(args, "quantize", None),
                               block_size=getattr(args, "block_size", None),
-                              quantize_embeddings=getattr(args, "quantize_embeddings", False))
+                              quantize_embeddings=getattr(args, "quantize_embeddings", False),
+                              reading=reading)
     except FgcError as e:
         _print_diagnostics(e.diagnostics, getattr(e, "sources", None) or spec.sources)
         return EXIT_SPEC

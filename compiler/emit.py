@@ -200,13 +200,16 @@ def _remove_dead_stages(folder: Path, prefix: str, keep: Path | None) -> None:
                 os.close(fd)
 
 
+UNREAD = object()  # compile_spec's `reading` when the caller has not read config.json
+
+
 def compile_spec(spec_path: str, out_dir: str, target: str = "torch", preset: str | None = None,
                  sets: dict | None = None, weights: str | None = None, *,
                  opset: int | None = None, optimize: str | None = None,
                  external_data: bool = False, seed: int = 0, kv_cache: bool = False,
                  strict: bool = False, dtype: str | None = None, quantize: str | None = None,
                  block_size: int | None = None, quantize_embeddings: bool = False,
-                 genai: bool = False) -> Compiled:
+                 genai: bool = False, reading=UNREAD) -> Compiled:
     """Check a spec, then write the target's files; raises FgcError on any problem.
 
     torch: `model.py` (+ `weights.safetensors` with `weights`). onnx: `model.onnx` (+
@@ -225,7 +228,8 @@ def compile_spec(spec_path: str, out_dir: str, target: str = "torch", preset: st
     `quantize_embeddings` the lookups' tables too (compiler/backends/onnx/quantize.py).
     `genai` (ONNX, with `kv_cache`) names the graph's tensors as onnxruntime-genai does and
     writes its genai_config.json, with a model folder's tokenizer files when `weights` is
-    one (compiler/backends/onnx/genai.py)."""
+    one (compiler/backends/onnx/genai.py). `reading` is config_json.configuration's result
+    for these arguments where the caller has it already (the CLI prints it first)."""
     if target not in ("torch", "onnx"):
         raise FgcError(f"unknown target `{target}` (targets: torch, onnx)", None)
     if genai and (target != "onnx" or not kv_cache):
@@ -239,9 +243,11 @@ def compile_spec(spec_path: str, out_dir: str, target: str = "torch", preset: st
     if errors:
         raise FgcError.many(errors)
     # `--weights FOLDER` with a config.json: the hyperparameters the spec's config block
-    # reads from it, with --set over them (config_json.configuration)
-    from .config_json import configuration
-    reading = configuration(spec, weights, preset, sets)
+    # reads from it, with --set over them (config_json.configuration), unless the caller
+    # has read them already (`reading`: what configuration() gave it, None included)
+    if reading is UNREAD:
+        from .config_json import configuration
+        reading = configuration(spec, weights, preset, sets)
     if reading is not None:
         sets = reading.sets
     if preset is None and not sets:
@@ -278,11 +284,11 @@ def compile_spec(spec_path: str, out_dir: str, target: str = "torch", preset: st
         if imported is not None:
             from runtime.progress import Progress
 
-            from .lazy import Converted, float_dtype
+            from .lazy import converted, float_dtype
             from .weights import write_safetensors
             tensors = imported.tensors
             if prec.half:  # each converted as it is written (compiler/lazy.py)
-                tensors = {k: Converted(t, float_dtype(prec.name)) for k, t in tensors.items()}
+                tensors = {k: converted(t, float_dtype(prec.name)) for k, t in tensors.items()}
             progress = Progress(f"writing {out.path / 'weights.safetensors'}",
                                 sum(t.nbytes for t in tensors.values()), items=len(tensors))
             write_safetensors(tensors, out.stage / "weights.safetensors", progress)

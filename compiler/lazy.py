@@ -7,7 +7,7 @@ array derived from other lazy tensors (`reshape`, `transpose`, `Lazy.derived`). 
 kept after a materialization, so a writer that materializes one tensor, writes it and drops
 it holds one tensor at a time, whatever the model's size; a tensor used twice is computed
 twice. The ONNX graph (`backends/onnx/graph.py`, whose `Joined` is lazy in the same way)
-and `weights.write_safetensors` take these wherever they take numpy arrays; `Converted`
+and `weights.write_safetensors` take these wherever they take numpy arrays; `converted`
 gives any of them another floating dtype (`--dtype`) the same way, when written.
 """
 
@@ -20,13 +20,14 @@ import numpy as np
 
 
 class Lazy:
-    """A float32 tensor of a known shape whose values `make()` computes when asked."""
+    """A tensor of a known shape and floating dtype (float32 unless said) whose values
+    `make()` computes when asked."""
 
-    dtype = np.dtype(np.float32)
-
-    def __init__(self, shape: tuple[int, ...], make: Callable[[], np.ndarray]):
+    def __init__(self, shape: tuple[int, ...], make: Callable[[], np.ndarray],
+                 dtype=np.float32):
         self.shape = tuple(int(d) for d in shape)
         self._make = make
+        self.dtype = np.dtype(dtype)
 
     @classmethod
     def derived(cls, shape: tuple[int, ...], fn: Callable[..., np.ndarray],
@@ -47,7 +48,7 @@ class Lazy:
         return self.size * self.dtype.itemsize
 
     def __repr__(self) -> str:
-        return f"Lazy({list(self.shape)}, float32)"
+        return f"Lazy({list(self.shape)}, {self.dtype})"
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
         x = np.ascontiguousarray(self._make(), dtype=self.dtype)
@@ -63,14 +64,14 @@ class Lazy:
             shape = tuple(self.size // known if d == -1 else d for d in shape)
         if math.prod(shape) != self.size:
             raise ValueError(f"cannot reshape {self!r} to {list(shape)}")
-        return Lazy(shape, lambda: np.asarray(self).reshape(shape))
+        return Lazy(shape, lambda: np.asarray(self).reshape(shape), self.dtype)
 
     def transpose(self, *axes) -> Lazy:
         if len(axes) == 1 and isinstance(axes[0], (tuple, list)):
             axes = tuple(axes[0])
         axes = axes or tuple(reversed(range(self.ndim)))
         return Lazy(tuple(self.shape[a] for a in axes),
-                    lambda: np.asarray(self).transpose(axes))
+                    lambda: np.asarray(self).transpose(axes), self.dtype)
 
 
 def stacked(parts: list, axis: int) -> Lazy:
@@ -85,23 +86,11 @@ def stacked(parts: list, axis: int) -> Lazy:
     return Lazy(shape, make)
 
 
-class Converted:
+def converted(source, dtype) -> Lazy:
     """A tensor (numpy, Lazy or Joined) in another floating dtype, converted when
     materialized: a weight written in float16 is computed, converted and dropped, so no
     converted copy of every weight is held beside the float32 ones."""
-
-    def __init__(self, source, dtype):
-        self.source, self.dtype = source, np.dtype(dtype)
-        self.shape = tuple(source.shape)
-        self.ndim, self.size = len(self.shape), math.prod(self.shape)
-        self.nbytes = self.size * self.dtype.itemsize
-
-    def __repr__(self) -> str:
-        return f"Converted({self.source!r}, {self.dtype})"
-
-    def __array__(self, dtype=None, copy=None) -> np.ndarray:
-        out = np.asarray(self.source).astype(self.dtype)
-        return out if dtype is None else out.astype(dtype, copy=False)
+    return Lazy(source.shape, lambda: np.asarray(source), dtype)
 
 
 def float_dtype(name: str) -> np.dtype:

@@ -165,11 +165,11 @@ def tokenizer_files(folder: str | None) -> tuple[list[tuple[str, str]], list[str
     for a model folder's files)."""
     if folder is None:
         return [], []
-    from ...weights import _in_folder
+    from ...weights import _in_folder, _plain_name
     names = list(TOKENIZER)
     config = _read_json(folder, "tokenizer_config.json")
     tiktoken = config.get("tiktoken_file") if isinstance(config, dict) else None
-    if isinstance(tiktoken, str) and _plain(tiktoken) and tiktoken not in names:
+    if isinstance(tiktoken, str) and _plain_name(tiktoken) and tiktoken not in names:
         names.append(tiktoken)
     found = []
     for name in names:
@@ -183,10 +183,6 @@ def tokenizer_files(folder: str | None) -> tuple[list[tuple[str, str]], list[str
                         "it (with tokenizer_config.json), so the compiled folder generates "
                         "from ids only")
     return found, warnings
-
-
-def _plain(name: str) -> bool:
-    return bool(name) and name not in (".", "..") and not any(c in name for c in "/\\\0")
 
 
 def _read_json(folder: str, name: str):

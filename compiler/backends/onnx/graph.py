@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from ...lazy import Converted
+from ...lazy import converted
 
 # "real": the model's precision (a Graph's own `types`: float32 unless --dtype says
 # otherwise); "float32": float32 whatever the precision (compiler/lowering/precision.py)
@@ -156,7 +156,7 @@ class Graph:
         arr = self.initializers[name]
         if arr.dtype != np.float32 or name in self.exact or self.precision == np.float32:
             return arr
-        return Converted(arr, self.precision)
+        return converted(arr, self.precision)
 
     @contextlib.contextmanager
     def wide(self):
