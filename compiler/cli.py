@@ -141,14 +141,15 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--weights", metavar="W", help="with a SPEC: its checkpoint (a file, a "
                    "shard index or a model folder, as for compile)")
     g.add_argument("--prompt-ids", metavar="IDS", required=True,
-                   help="0-based token ids, comma-separated (several prompts of one length: "
-                        "separate them with `;`)")
+                   help="0-based token ids, comma-separated; several prompts separated by "
+                        "`;` (of any lengths where the model takes a padding mask)")
     g.add_argument("--max-new-tokens", type=_count, metavar="N", required=True,
                    help="at most N new ids per prompt")
     g.add_argument("--max-length", type=_positive_int, metavar="N",
                    help="stop when a sequence has N positions, prompt included")
     g.add_argument("--stop-ids", metavar="IDS", default="",
-                   help="ids that end a sequence (kept in the output), comma-separated")
+                   help="ids that end a sequence (kept in the output), comma-separated; "
+                        "one list per prompt separated by `;`")
     g.add_argument("--greedy", action="store_true", help="the most likely id (the default)")
     g.add_argument("--temperature", type=_positive_float, metavar="T",
                    help="sample, with the logits divided by T")
@@ -1296,8 +1297,10 @@ def cmd_generate(args) -> int:
     from pathlib import Path
     target = Path(args.target)
     try:
-        prompt = _id_rows(args.prompt_ids, "--prompt-ids")
-        stop = _id_rows(args.stop_ids, "--stop-ids")[0] if args.stop_ids.strip() else []
+        prompt = _id_rows(args.prompt_ids, "--prompt-ids", ragged=True)
+        stops = _id_rows(args.stop_ids, "--stop-ids", ragged=True) if args.stop_ids.strip() \
+            else [[]]
+        stop = stops[0] if len(stops) == 1 else stops  # one list, or one per prompt
         inputs = {k: _id_rows(v, f"--input {k}") for k, v in _pairs(args.input)}
     except _Usage as e:
         print(f"fgc: error: {e}", file=sys.stderr)
@@ -1344,15 +1347,18 @@ def cmd_generate(args) -> int:
         return _generate_dir(Path(tmp), args, prompt, stop, inputs)
 
 
-def _id_rows(text: str, what: str) -> list[list[int]]:
+def _id_rows(text: str, what: str, ragged: bool = False) -> list[list[int]]:
+    """Rows of ids, `1,2,3;4,5,6`: of equal lengths unless `ragged` (prompts a padding
+    mask lines up)."""
     rows = [r for r in text.replace(" ", "").split(";") if r]
     try:
         out = [[int(x) for x in r.split(",") if x] for r in rows]
     except ValueError:
         raise _Usage(f"{what}: `{_short(text)}` is not a comma-separated list of ids") \
             from None
-    if not out or not out[0] or any(len(r) != len(out[0]) for r in out):
-        raise _Usage(f"{what}: give ids, and sequences of equal lengths")
+    if not out or not all(out) or not ragged and any(len(r) != len(out[0]) for r in out):
+        raise _Usage(f"{what}: give ids" + ("" if ragged else
+                                            ", and sequences of equal lengths"))
     bad = next((x for r in out for x in r if not 0 <= x < INT64), None)
     if bad is not None:
         raise _Usage(f"{what}: {_short(str(bad))} is not an id (ids are 0-based, below 2^63)")

@@ -31,6 +31,7 @@ from .elaborate.elaborator import (
 from .elaborate.symbolic import Poly, format_int, format_poly, human
 from .errors import Diagnostic, FgcError, Sources, Span
 from .lowering.families import index_maps
+from .passes import padding
 from .passes.params import Count, as_int, count, formula
 from .passes.sharing import common_configs, compare, other_path
 from .syntax import nodes as S
@@ -519,6 +520,7 @@ class Spec:
             return errors + e.diagnostics, warnings
         # what no backend can lower is refused here, located, rather than at compile time
         errors.extend(lowering.check(sym.model, sym.functions))
+        errors.extend(padding.check(sym.model, sym.functions))
         total = sym.count.total()
         warnings.extend(sym.warnings)
         hypers: Hypers = sym.hypers  # type: ignore[attr-defined]

@@ -14,10 +14,16 @@ any other model recomputes the whole prefix at every step (`cache=False` asks fo
 too). Token ids are 0-based, as the compiled models take them; tokenizers are the
 caller's.
 
+Prompts may differ in length where the model takes a padding mask (a spec's
+`attention_mask: Pad[n]`): they are padded on the left, the mask says where, and every row
+is what generating its prompt alone gives (positions count each row's own tokens). Each
+row stops at its own stop id; `stop` may also give one list of stop ids per row.
+
 Sampling follows the usual order: the logits divided by the temperature, cut to the
 `top_k` most likely, then to the smallest set whose probability reaches `top_p`, then one
-id drawn with numpy's generator seeded by `seed`. Without temperature, top-k or top-p
-(or with `greedy=True`) the most likely id is taken.
+id drawn with numpy's generator seeded by `seed`: one generator per row, seeded by `seed`
+and the row's prompt, so that a prompt draws the same ids in any batch. Without
+temperature, top-k or top-p (or with `greedy=True`) the most likely id is taken.
 """
 
 from __future__ import annotations
@@ -47,7 +53,16 @@ class Sampler:
         self.temperature = temperature or 1.0
         self.top_k = top_k
         self.top_p = top_p
+        self.seed = seed
         self.rng = np.random.default_rng(seed)
+        self.rows: list | None = None  # one generator per row (`per_row`)
+
+    def per_row(self, prompts: list[list[int]]) -> None:
+        """A generator for each row, seeded by the seed and the row's prompt: a prompt draws
+        the same ids whatever else is in its batch."""
+        self.rows = [np.random.default_rng([*(() if self.seed is None else (self.seed,)),
+                                            len(p), *p]) for p in prompts] \
+            if self.seed is not None else None
 
     def __call__(self, logits: np.ndarray) -> np.ndarray:
         """One id per row of `logits` [batch, vocabulary]."""
@@ -68,7 +83,8 @@ class Sampler:
             np.put_along_axis(drop, order, before >= self.top_p, -1)
             p = np.where(drop, 0.0, p)
             p /= p.sum(-1, keepdims=True)
-        u = self.rng.random((p.shape[0], 1))
+        u = self.rng.random((p.shape[0], 1)) if self.rows is None else \
+            np.array([[g.random()] for g in self.rows])
         picked = (np.cumsum(p, -1) < u).sum(-1)
         return np.minimum(picked, p.shape[-1] - 1)
 
@@ -78,16 +94,26 @@ def generate(model, prompt, max_new_tokens: int, *, greedy: bool | None = None,
              top_p: float | None = None, seed: int | None = None, stop=(),
              max_length: int | None = None, inputs: dict | None = None,
              cache: bool = True) -> list[list[int]]:
-    """The new ids of each prompt (a list of ids, or equal-length lists for a batch): at
-    most `max_new_tokens`, fewer where a `stop` id came (it is kept) or the sequence
-    reached `max_length` positions. `inputs` are the model's other inputs (an encoder's
-    source), the same at every step."""
+    """The new ids of each prompt (a list of ids, or lists for a batch, of any lengths where
+    the model takes a padding mask): at most `max_new_tokens`, fewer where a `stop` id came
+    (it is kept) or the sequence reached `max_length` positions. `stop` is a list of ids,
+    or one list per row. `inputs` are the model's other inputs (an encoder's source), the
+    same at every step."""
     runner = _runner(model, cache)
-    ids = np.asarray(prompt, dtype=np.int64)
-    if ids.ndim == 1:
-        ids = ids[None]
-    if ids.ndim != 2 or ids.shape[1] < 1:
+    rows = _rows(prompt)
+    if any(not r for r in rows):
         raise RuntimeError_("the prompt is empty: give at least one id")
+    mask = None
+    if len({len(r) for r in rows}) > 1:  # left-padded, the mask saying where
+        if runner.pad is None:
+            raise RuntimeError_("prompts of different lengths need a model that takes a "
+                                "padding mask (a spec input `attention_mask: Pad[n]`); "
+                                "give prompts of one length")
+        width = max(len(r) for r in rows)
+        ids = np.array([[0] * (width - len(r)) + list(r) for r in rows], np.int64)
+        mask = np.array([[0] * (width - len(r)) + [1] * len(r) for r in rows], np.int64)
+    else:
+        ids = np.asarray(rows, dtype=np.int64)
     if max_new_tokens < 0:
         raise RuntimeError_(f"max new tokens {max_new_tokens}: give a number >= 0")
     vocab = runner.vocabulary
@@ -109,9 +135,10 @@ def generate(model, prompt, max_new_tokens: int, *, greedy: bool | None = None,
                                 "tokens, or a max length (--max-length) to stop there")
         max_new_tokens = min(max_new_tokens, limit - ids.shape[1])
     sampler = Sampler(greedy, temperature, top_k, top_p, seed)
-    stops = np.asarray(sorted(set(int(s) for s in stop)), dtype=np.int64)
+    sampler.per_row(rows)
+    stops = _stops(stop, len(rows))
     given = dict(inputs or {})
-    missing = [n for n in runner.others if n not in given]
+    missing = [n for n in runner.others if n not in given and n not in runner.optional]
     if missing:
         raise RuntimeError_(f"give the model's input {', '.join(missing)} (it is the same at "
                             "every step)")
@@ -124,22 +151,49 @@ def generate(model, prompt, max_new_tokens: int, *, greedy: bool | None = None,
     done = np.zeros(batch, bool)
     if max_new_tokens == 0:
         return [[] for _ in range(batch)]
-    logits = runner.start(ids, fixed)
+    logits = runner.start(ids, fixed, mask, ids.shape[1] + max_new_tokens) \
+        if isinstance(runner, _OnnxRunner) else runner.start(ids, fixed, mask)
     while True:
         nxt = sampler(logits)
-        if stops.size:
+        if any(stops):
             nxt = np.where(done, new[:, -1] if new.shape[1] else nxt, nxt)
-            done |= np.isin(nxt, stops)
+            done |= np.array([int(t) in s for t, s in zip(nxt, stops)])
         new = np.concatenate([new, nxt[:, None]], 1)
         if new.shape[1] >= max_new_tokens or done.all():
             break
-        logits = runner.next(nxt[:, None], fixed)
+        if mask is not None:  # the new token of every row is a token
+            mask = np.concatenate([mask, np.ones((batch, 1), np.int64)], 1)
+        logits = runner.next(nxt[:, None], fixed, mask)
     out = []
-    ends = set(stops.tolist())
-    for row in new.tolist():
+    for row, ends in zip(new.tolist(), stops):
         cut = next((k + 1 for k, t in enumerate(row) if t in ends), len(row))
         out.append(row[:cut])
     return out
+
+
+def _rows(prompt) -> list[list[int]]:
+    """The prompt as rows of ids: a list of ids is one row."""
+    if isinstance(prompt, np.ndarray):
+        prompt = prompt.tolist()
+    prompt = list(prompt)
+    if not prompt:
+        return [[]]
+    if all(np.ndim(x) == 0 for x in prompt):
+        return [[int(x) for x in prompt]]
+    if not all(np.ndim(r) == 1 for r in prompt):
+        raise RuntimeError_("the prompt is a list of ids, or a list of such lists")
+    return [[int(x) for x in r] for r in prompt]
+
+
+def _stops(stop, batch: int) -> list[set[int]]:
+    """Each row's stop ids: the same list for every row, or one list per row."""
+    stop = list(stop)
+    if stop and all(np.ndim(s) == 1 for s in stop):
+        if len(stop) != batch:
+            raise RuntimeError_(f"{len(stop)} lists of stop ids for {batch} prompts: give "
+                                "one list, or one per prompt")
+        return [{int(t) for t in s} for s in stop]
+    return [{int(t) for t in stop}] * batch
 
 
 # ---------------------------------------------------------------- the runners: a key/value
@@ -166,8 +220,9 @@ class _OnnxRunner:
         self.inc = inc
         names = [i["name"] for i in sig.inputs]
         self.tokens = inc["tokens"] if inc else _token_input(sig.inputs)
-        self.others = [n for n in names if n != self.tokens]
         spec = sig.input(self.tokens)
+        self.pad, self.optional = _padding(sig.inputs, spec)
+        self.others = [n for n in names if n not in (self.tokens, self.pad)]
         self.vocabulary = spec["hi"] - spec["lo"] + 1
         axis = spec["dims"][1]
         self.max_length = sig.max_length.get(axis)
@@ -182,22 +237,37 @@ class _OnnxRunner:
     def fixed(self, given: dict) -> dict:
         return {k: np.asarray(v) for k, v in given.items()}
 
-    def start(self, ids: np.ndarray, fixed: dict) -> np.ndarray:
-        checked = self.model.check({**fixed, self.tokens: ids})
+    def start(self, ids: np.ndarray, fixed: dict, mask: np.ndarray | None = None,
+              room: int = 0) -> np.ndarray:
+        """The prompt's logits; `room`: how many positions the run may reach (a graph that
+        shares its past and present buffers gets buffers that long)."""
+        padded = {self.pad: mask} if mask is not None else {}
+        checked = self.model.check({**fixed, self.tokens: ids, **padded})
+        self.buffers = None
+        if self.cached and self.inc.get("share_buffer") and self.pad is not None and room:
+            self.buffers = _Buffers(self.model, self.inc["cache"], ids.shape[0], room,
+                                    self.logits_name)
         self.fixed_checked = {k: checked[k] for k in self.others}
         # no past yet (the prefill form): the checked feeds hold it empty
         self.empty = {c["past"]: checked[c["past"]] for c in (self.inc or {}).get("cache", [])}
         if not self.cached:
             self.prefix = checked[self.tokens]
-            return self._full()
+            return self._full(mask)
         self.past = self.empty
-        return self._step(checked[self.tokens])
+        return self._step(checked[self.tokens], mask)
 
-    def next(self, ids: np.ndarray, fixed: dict) -> np.ndarray:
+    def next(self, ids: np.ndarray, fixed: dict, mask: np.ndarray | None = None
+             ) -> np.ndarray:
         if not self.cached:
             self.prefix = np.concatenate([self.prefix, ids], 1)
-            return self._full()
-        return self._step(ids)
+            return self._full(mask)
+        return self._step(ids, mask)
+
+    def _padding(self, mask: np.ndarray | None, batch: int, width: int) -> dict:
+        """The padding mask's feed: all ones (no padding) where none is given."""
+        if self.pad is None:
+            return {}
+        return {self.pad: mask if mask is not None else np.ones((batch, width), np.int64)}
 
     def _run(self, names: list[str], feeds: dict) -> list:
         try:
@@ -205,17 +275,61 @@ class _OnnxRunner:
         except Exception as e:  # noqa: BLE001 - onnxruntime's errors are one class per cause
             raise RuntimeError_(f"onnxruntime failed: {str(e)[:300]}") from None
 
-    def _full(self) -> np.ndarray:
-        (logits,) = self._run([self.logits_name], {**self.fixed_checked,
+    def _full(self, mask: np.ndarray | None) -> np.ndarray:
+        padding = self._padding(mask, *self.prefix.shape)
+        (logits,) = self._run([self.logits_name], {**self.fixed_checked, **padding,
                                                    self.tokens: self.prefix, **self.empty})
         return logits[:, -1]
 
-    def _step(self, ids: np.ndarray) -> np.ndarray:
+    def _step(self, ids: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
+        if self.buffers is not None:
+            padding = self._padding(mask, ids.shape[0], self.buffers.length + ids.shape[1])
+            return self.buffers.step({**self.fixed_checked, **padding, self.tokens: ids},
+                                     ids.shape[1])
         cache = self.inc["cache"]
         names = [self.logits_name] + [c["present"] for c in cache]
-        values = self._run(names, {**self.fixed_checked, self.tokens: ids, **self.past})
+        past = next(iter(self.past.values())).shape[-2] if self.past else 0
+        padding = self._padding(mask, ids.shape[0], past + ids.shape[1])
+        values = self._run(names, {**self.fixed_checked, **padding, self.tokens: ids,
+                                   **self.past})
         self.past = {c["past"]: v for c, v in zip(cache, values[1:])}
         return values[0][:, -1]
+
+
+class _Buffers:
+    """A graph's past and present in one buffer per tensor, as long as the run may grow
+    (GroupQueryAttention's past_present_share_buffer, where the signature says every cached
+    attention takes it: `share_buffer`): bound once through onnxruntime's IO binding, each
+    step writes its keys and values in place, and nothing is concatenated or copied."""
+
+    def __init__(self, model: Model, cache: list[dict], batch: int, room: int, logits: str):
+        import onnxruntime as ort
+        self.session = model.session
+        self.logits = logits
+        self.length = 0  # positions the buffers hold
+        self.binding = self.session.io_binding()
+        real = model.real
+        self.values = []
+        for c in cache:
+            dims = [batch if d == "batch" else room if isinstance(d, str) else d
+                    for d in c["dims"]]
+            value = ort.OrtValue.ortvalue_from_numpy(np.zeros(dims, real))
+            self.values.append(value)
+            self.binding.bind_ortvalue_input(c["past"], value)
+            self.binding.bind_ortvalue_output(c["present"], value)
+        self.binding.bind_output(logits)
+
+    def step(self, feeds: dict, new: int) -> np.ndarray:
+        for name, x in feeds.items():
+            self.binding.bind_cpu_input(name, np.ascontiguousarray(x))
+        self.binding.bind_output(self.logits)  # of this step's shape
+        try:
+            self.session.run_with_iobinding(self.binding)
+        except Exception as e:  # noqa: BLE001
+            raise RuntimeError_(f"onnxruntime failed: {str(e)[:300]}") from None
+        self.length += new
+        logits = self.binding.get_outputs()[len(self.values)]
+        return logits.numpy()[:, -1]
 
 
 class _TorchRunner:
@@ -230,10 +344,12 @@ class _TorchRunner:
             raise RuntimeError_("the module has no logits(): its output is not a softmax "
                                 "over the vocabulary")
         inputs = sig.inputs if sig else [{"name": "x", "dims": ["batch", "T"]}]
-        self.order = [i["name"] for i in inputs]
         self.tokens = inc["tokens"] if inc else _token_input(inputs) if sig else "x"
-        self.others = [n for n in self.order if n != self.tokens]
         spec = next(i for i in inputs if i["name"] == self.tokens)
+        self.pad, self.optional = _padding(inputs, spec)
+        # the inputs forward() takes in order; padding masks are its keywords
+        self.order = [i["name"] for i in inputs if not i.get("pad")]
+        self.others = [n for n in self.order if n != self.tokens]
         self.max_length = sig.max_length.get(spec["dims"][1]) if sig else None
         self.vocabulary = spec["hi"] - spec["lo"] + 1 if "hi" in spec else None
         first = next(module.parameters(), None)
@@ -248,18 +364,23 @@ class _TorchRunner:
     def _args(self, fixed: dict, ids) -> list:
         return [ids if n == self.tokens else fixed[n] for n in self.order]
 
-    def start(self, ids: np.ndarray, fixed: dict) -> np.ndarray:
+    def start(self, ids: np.ndarray, fixed: dict, mask: np.ndarray | None = None
+              ) -> np.ndarray:
         self.past = self.prefix = None  # step() without a past is the prefill form
-        return self.next(ids, fixed)
+        return self.next(ids, fixed, mask)
 
-    def next(self, ids: np.ndarray, fixed: dict) -> np.ndarray:
+    def next(self, ids: np.ndarray, fixed: dict, mask: np.ndarray | None = None
+             ) -> np.ndarray:
         ids = self.torch.as_tensor(ids, device=self.device)
+        padded = {} if mask is None else {
+            self.pad: self.torch.as_tensor(mask, device=self.device)}
         with self.torch.inference_mode():
             if self.cached:
-                logits, self.past = self.module.step(*self._args(fixed, ids), past=self.past)
+                logits, self.past = self.module.step(*self._args(fixed, ids), past=self.past,
+                                                     **padded)
             else:  # the whole prefix again
                 self.prefix = ids if self.prefix is None else self.torch.cat([self.prefix, ids], 1)
-                logits = self.module.logits(*self._args(fixed, self.prefix))
+                logits = self.module.logits(*self._args(fixed, self.prefix), **padded)
         return logits[:, -1].float().cpu().numpy()
 
 
@@ -287,6 +408,7 @@ class _StateRunner:
                                 "besides its state")
         self.tokens = inputs[0]["name"]
         self.others: list[str] = []  # nothing but the tokens and the state
+        self.pad, self.optional = None, set()
         self.vocabulary = inputs[0].get("hi", 0) - inputs[0].get("lo", 0) + 1 \
             if "hi" in inputs[0] else None
         outs = [o["name"] for o in sig.outputs if o["name"] not in state]
@@ -319,12 +441,12 @@ class _StateRunner:
         last = last.astype(np.float32) if self.onnx else last.float().cpu().numpy()
         return (np.log(np.maximum(last, 1e-30)) if self.log else last), state
 
-    def start(self, ids: np.ndarray, fixed: dict) -> np.ndarray:
+    def start(self, ids: np.ndarray, fixed: dict, mask=None) -> np.ndarray:
         self.prefix = ids
         scores, self.state = self._run(ids, None)
         return scores
 
-    def next(self, ids: np.ndarray, fixed: dict) -> np.ndarray:
+    def next(self, ids: np.ndarray, fixed: dict, mask=None) -> np.ndarray:
         self.prefix = np.concatenate([self.prefix, ids], 1)
         if not self.cached:
             scores, _ = self._run(self.prefix, None)
@@ -333,11 +455,19 @@ class _StateRunner:
         return scores
 
 
+def _padding(inputs: list[dict], tokens: dict) -> tuple[str | None, set[str]]:
+    """The padding mask of the token input's positions (None: the model takes none), and
+    every padding mask: a caller may leave each out."""
+    pads = [i for i in inputs if i.get("pad")]
+    along = next((i["name"] for i in pads if i["dims"][-1] == tokens["dims"][-1]), None)
+    return along, {i["name"] for i in pads}
+
+
 def _token_input(inputs: list[dict]) -> str:
     """The input a model without the incremental form generates along: of its inputs of
     ids, the one over the most values (the vocabulary, not segments); the last of equals
     (the target, after an encoder's source)."""
-    ids = [i for i in inputs if i["dtype"] == "int" and not i.get("perm")
+    ids = [i for i in inputs if i["dtype"] == "int" and not i.get("perm") and not i.get("pad")
            and len(i["dims"]) == 2]
     if not ids:
         raise RuntimeError_("the model has no input of token ids")

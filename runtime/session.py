@@ -105,6 +105,20 @@ def choose_providers(request: str = "auto") -> tuple[list[str], str]:
 # ---------------------------------------------------------------- checking the files
 
 
+def padding_problem(mask: np.ndarray) -> str | None:
+    """What is wrong with a padding mask (batch, positions), or None: values other than 1
+    and 0, a row without a token, padding between tokens (padding goes at either end)."""
+    if mask.size and (mask.min() < 0 or mask.max() > 1):
+        return "holds values other than 1 (a token) and 0 (padding)"
+    for b, row in enumerate(np.asarray(mask) != 0):
+        kept = np.flatnonzero(row)
+        if not kept.size:
+            return f"row {b + 1} has no token"
+        if kept[-1] - kept[0] + 1 != kept.size:
+            return f"row {b + 1} has padding between tokens; pad at either end"
+    return None
+
+
 def check_model_file(path: Path) -> ModelSummary:
     """Read the model's structure (not its weights) and check every external-data reference:
     a plain relative name inside the model's folder, in a file long enough for it."""
@@ -218,7 +232,7 @@ class Model:
             raise RuntimeError_(f"the model has no input {', '.join(sorted(unknown))} (inputs: "
                                 f"{', '.join(i['name'] for i in self.inputs)})")
         out: dict[str, np.ndarray] = {}
-        first = self.inputs[0]["name"] if self.inputs else None
+        first = next((i["name"] for i in self.inputs if not i.get("pad")), None)
         if tokens is not None and first is not None:
             values.setdefault(first, tokens)
         shape = None
@@ -234,7 +248,7 @@ class Model:
         rng = np.random.default_rng(0)
         for spec in self.inputs:
             name = spec["name"]
-            if name in out:
+            if name in out or spec.get("pad"):  # no padding mask: none (check() adds it)
                 continue
             dims = [batch if d == "batch" else length if isinstance(d, str) else d
                     for d in spec["dims"]]
@@ -256,8 +270,10 @@ class Model:
         return out
 
     def check(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """The inputs as the graph takes them, or a RuntimeError_ naming what is wrong."""
-        missing = [i["name"] for i in self.inputs if i["name"] not in feeds]
+        """The inputs as the graph takes them, or a RuntimeError_ naming what is wrong. A
+        padding mask (`pad`) may be left out: no padding."""
+        missing = [i["name"] for i in self.inputs if i["name"] not in feeds and
+                   not i.get("pad")]
         if missing:
             raise RuntimeError_(f"missing input {', '.join(missing)}")
         out = {}
@@ -265,6 +281,8 @@ class Model:
         batch = None
         for spec in self.inputs:
             name = spec["name"]
+            if spec.get("pad"):
+                continue
             x = np.asarray(feeds[name])
             want = np.int64 if spec["dtype"] == "int" else self.real if \
                 spec["dtype"] == "real" else np.bool_
@@ -295,10 +313,21 @@ class Model:
                     raise RuntimeError_(f"input {name} has shape {list(x.shape)}; it takes "
                                         f"{_dims_text(spec['dims'])}")
             out[name] = np.ascontiguousarray(x.astype(want, copy=False))
+        past = 0
         if self.incremental:
             out.update(self._check_cache(feeds, batch, lengths))
+            axis = self.incremental["past"]
+            first = self.incremental["cache"][0] if self.incremental["cache"] else None
+            if first is not None:
+                past = out[first["past"]].shape[first["dims"].index(axis)]
+        for spec in self.inputs:
+            if spec.get("pad"):
+                out[spec["name"]] = self._check_padding(spec, feeds.get(spec["name"]), batch,
+                                                        lengths, past)
         for spec in self.inputs:
             x = out[spec["name"]]
+            if spec.get("pad"):
+                continue
             if spec["dtype"] == "int" and x.size:
                 top = spec["hi"] - spec["lo"]
                 if spec.get("hi_run") in lengths:  # a position: within this run's length
@@ -307,6 +336,32 @@ class Model:
                     raise RuntimeError_(f"input {spec['name']} holds values outside 0..{top} "
                                         f"(0-based for {spec['lo']}..{spec['hi']})")
         return out
+
+    def _check_padding(self, spec: dict, x, batch: int | None, lengths: dict,
+                       past: int) -> np.ndarray:
+        """A padding mask as the graph takes it: all ones where none is given; else 1 at a
+        token and 0 at padding, the past's positions and this call's (past + T wide), the
+        padding at either end of each row, which holds a token."""
+        name = spec["name"]
+        T = lengths.get(spec["dims"][-1])
+        if T is None:
+            raise RuntimeError_(f"input {name}: no input gives its positions' number")
+        width = past + T if self.incremental and spec["dims"][-1] == \
+            self.incremental["length"] else T
+        if x is None:
+            return np.ones((batch or 1, width), np.int64)
+        x = np.asarray(x)
+        if x.dtype.kind not in "iub":
+            raise RuntimeError_(f"input {name} holds {x.dtype}; it takes 1 and 0")
+        if x.ndim != 2 or x.shape[0] != (batch or x.shape[0]) or x.shape[1] != width:
+            raise RuntimeError_(f"input {name} has shape {list(x.shape)}; it takes "
+                                f"[{batch or 'batch'}, {width}]" +
+                                (f" (the {past} past positions and the {T} new ones)"
+                                 if width != T else ""))
+        problem = padding_problem(x)
+        if problem:
+            raise RuntimeError_(f"input {name}: {problem}")
+        return np.ascontiguousarray(x.astype(np.int64))
 
     def _check_cache(self, feeds: dict, batch: int | None, lengths: dict) -> dict:
         """The past keys and values of the incremental form: all or none (none: the

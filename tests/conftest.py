@@ -124,3 +124,33 @@ def peaked_weights(model, norm_gain: str = "weight") -> None:
                 p.copy_(1.0 + 0.2 * torch.randn_like(p))
             else:
                 p.normal_(0.0, 0.2)
+
+
+def unpadded(session, feeds: dict) -> dict:
+    """`feeds` with the padding masks a graph takes (a spec's `Pad[n]`) and they lack: all
+    ones (no padding), as runtime.Model feeds them: past + T wide where the feeds hold a
+    past."""
+    import json
+
+    import numpy as np
+    meta = session.get_modelmeta().custom_metadata_map.get("fgc.signature")
+    if meta is None:
+        return feeds
+    sig = json.loads(meta)
+    out = dict(feeds)
+    for spec in sig["inputs"]:
+        if not spec.get("pad") or spec["name"] in out:
+            continue
+        length = spec["dims"][-1]
+        along = next(i["name"] for i in sig["inputs"] if i["name"] in feeds and
+                     not i.get("pad") and i["dims"][-1] == length)
+        batch, width = np.asarray(feeds[along]).shape[:2]
+        inc = sig.get("incremental")
+        if inc and inc["length"] == length:
+            past = next((np.asarray(v) for k, v in feeds.items()
+                         if k.startswith(("past", "past_key_values"))), None)
+            if past is not None:
+                dims = inc["cache"][0]["dims"]
+                width += past.shape[dims.index(inc["past"])]
+        out[spec["name"]] = np.ones((batch, width), np.int64)
+    return out

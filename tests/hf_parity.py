@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import numpy as np
-from conftest import fgc
+from conftest import fgc, unpadded
 
 TOL = 1e-5
 TARGETS = (("torch", ["--target", "torch"]), ("onnx", ["--target", "onnx"]),
@@ -63,7 +63,8 @@ def assert_probabilities(ref, out: dict, V: int, lengths) -> None:
             got = model(x)
         assert float((got - want).abs().max()) <= TOL
         for target, session in sessions.items():
-            probs = session.run(None, {session.get_inputs()[0].name: x.numpy()})[0]
+            probs = session.run(None, unpadded(session, {session.get_inputs()[0].name:
+                                                         x.numpy()}))[0]
             assert float(np.abs(probs - want.numpy()).max()) <= TOL, target
 
 

@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import specgen
-from conftest import ROOT, all_specs
+from conftest import ROOT, all_specs, unpadded
 from hypothesis import HealthCheck, given, note, seed, settings
 from test_docs import FENCE
 from test_onnx_parity import EXTRA, TINY, random_inputs, session, torch_with_weights
@@ -198,7 +198,8 @@ def compare(cfg, model, graphs: dict, T: int, fixed: int | None = None) -> dict[
         for d, size in zip(i.type.tensor_type.shape.dim, feeds[i.name].shape))
     if static:
         with pytest.raises(Exception):  # noqa: B017 - onnxruntime's own error types
-            session(graph).run(None, feeds)
+            run = session(graph)
+            run.run(None, unpadded(run, feeds))
         try:
             with torch.no_grad():
                 model(*inputs.values())
@@ -213,7 +214,8 @@ def compare(cfg, model, graphs: dict, T: int, fixed: int | None = None) -> dict[
         refs = outputs_of(model(*inputs.values()))
     noise = float32_noise(model, model, list(inputs.values()), refs)
     for opset, graph in graphs.items():
-        got = session(graph).run(None, feeds)
+        run = session(graph)
+        got = run.run(None, unpadded(run, feeds))
         assert len(got) >= len(refs)
         for k, (g, r) in enumerate(zip(got, refs)):
             assert_close(g, r, f"output {graph.graph.output[k].name}, opset {opset}, T={T}",
@@ -262,14 +264,17 @@ def kv_graph_equals_full_graph(spec, cfg, weights, graph, T: int, noise: dict) -
     presents = {c["present"] for c in inc["cache"]}
     names = [o.name for o in kv.graph.output if o.name not in presents]
     feeds = {k: v.numpy() for k, v in random_inputs(cfg, T, BATCH, seed=T).items()}
-    ref = dict(zip([o.name for o in graph.graph.output], session(graph).run(None, feeds)))
+    whole = session(graph)
+    ref = dict(zip([o.name for o in graph.graph.output],
+                   whole.run(None, unpadded(whole, feeds))))
     run = session(kv)  # loads: a graph onnxruntime refuses fails here
     past = {c["past"]: np.zeros([BATCH if d == "batch" else 0 if d == "past" else d
                                  for d in c["dims"]], np.float32) for c in inc["cache"]}
     parts = []
     for a, b in pieces(T):
         values = run.run(names + [c["present"] for c in inc["cache"]],
-                         {**feeds, inc["tokens"]: feeds[inc["tokens"]][:, a:b], **past})
+                         unpadded(run, {**feeds, inc["tokens"]: feeds[inc["tokens"]][:, a:b],
+                                        **past}))
         parts.append(values[:len(names)])
         past = {c["past"]: v for c, v in zip(inc["cache"], values[len(names):])}
     for k, name in enumerate(names):

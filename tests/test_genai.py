@@ -156,14 +156,14 @@ def test_genai_generates_the_ids_of_fgc_generate(name, folders, tokenizer, genai
     assert (model["bos_token_id"], model["eos_token_id"], model["pad_token_id"]) == \
         (hf["bos_token_id"], hf["eos_token_id"], eos)
     assert model["type"] == "decoder" and config["search"]["past_present_share_buffer"] is False
-    assert decoder["inputs"] == {"input_ids": "input_ids",
+    assert decoder["inputs"] == {"input_ids": "input_ids", "attention_mask": "attention_mask",
                                  "past_key_names": "past_key_values.%d.key",
                                  "past_value_names": "past_key_values.%d.value"}
     assert decoder["outputs"] == {"logits": "logits", "present_key_names": "present.%d.key",
                                   "present_value_names": "present.%d.value"}
     onnx_model = load_onnx(out, provider="cpu")
     assert [i.name for i in onnx_model.session.get_inputs()] == [
-        "input_ids", "past_key_values.0.key", "past_key_values.0.value",
+        "input_ids", "attention_mask", "past_key_values.0.key", "past_key_values.0.value",
         "past_key_values.1.key", "past_key_values.1.value"]
     assert {"logits", "present.0.key", "present.1.value"} <= \
         {o.name for o in onnx_model.session.get_outputs()}
@@ -292,3 +292,43 @@ def test_links_planted_in_the_output_folder_are_replaced(folders, capsys, tmp_pa
         assert (out / name).is_file() and not (out / name).is_symlink()
     assert (out / "tokenizer.json").read_bytes() == \
         (folders["gpt2"] / "tokenizer.json").read_bytes()
+
+
+# onnxruntime-genai greedy from a prompt of ids, as genai_config.json says
+GENAI_IDS = """
+import json, sys
+import numpy as np
+import onnxruntime_genai as og
+folder, new, prompt = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])
+config = og.Config(folder)
+config.clear_providers()
+model = og.Model(config)
+params = og.GeneratorParams(model)
+params.set_search_options(max_length=len(prompt) + new, do_sample=False)
+generator = og.Generator(model, params)
+generator.append_tokens(np.array([prompt], np.int32))
+while not generator.is_done():
+    generator.generate_next_token()
+print(json.dumps([int(i) for i in generator.get_sequence(0)][len(prompt):]))
+"""
+
+
+def test_genai_shares_the_buffer_of_an_ort_graph(folders, genai_imports, tmp_path):
+    """`--optimize ort`: GroupQueryAttention counts its keys by the padding mask, so the
+    past and present share one buffer (genai_config.json's past_present_share_buffer, and
+    runtime.generate's IO binding), and genai's ids are fgc's."""
+    out = tmp_path / "genai"
+    r = fgc("compile", str(folders["llama"]), "--target", "onnx", "--kv-cache", "--genai",
+            "--optimize", "ort", "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    config = json.loads((out / "genai_config.json").read_text())
+    assert config["search"]["past_present_share_buffer"] is True
+    model = load_onnx(out, provider="cpu")
+    assert model.incremental["share_buffer"] is True
+    prompt = [5, 17, 3, 9, 44]
+    ours = generate(model, [prompt], NEW)[0]
+    g = subprocess.run([sys.executable, "-c", GENAI_IDS, str(out), str(NEW),
+                        json.dumps(prompt)], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
+    assert g.returncode == 0, g.stderr
+    assert json.loads(g.stdout.strip().splitlines()[-1]) == ours

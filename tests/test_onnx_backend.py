@@ -135,7 +135,7 @@ def test_names_trace_to_the_spec(compiled):
             "layer1/ln_1/gamma", "ln_f/beta"} <= inits
     docs = {t.name: t.doc_string for t in g.initializer}
     assert docs["layer1/attn/W_Q+W_K+W_V"] == "W_Q, W_K, W_V side by side: one product"
-    assert [i.name for i in g.input] == ["x"]
+    assert [i.name for i in g.input] == ["x", "attention_mask"]
     assert [o.name for o in g.output] == ["GPT", "logits"]
     docs = [n.doc_string for n in g.node if n.name.startswith("layer1/attn")]
     assert docs and all(d.startswith("gpt2.fgpt:") for d in docs)
@@ -289,7 +289,7 @@ def test_inputs_are_checked(compiled):
         ({k: v for k, v in ok.items() if k != "t"}, "missing input t"),
         ({**ok, "x": np.full((1, 9), 1)}, "at most 8"),
         ({**ok, "x": np.full((1, 3), 50)}, "outside 0..49"),
-        ({**ok, "j_masked": np.array([3])}, "outside 0..2"),
+        ({**ok, "attention_mask": np.array([[1, 0, 1]])}, "padding between tokens"),
         ({**ok, "t": np.zeros((2, 3), np.int64)}, "batch"),
     ]
     for feeds, words in cases:
@@ -338,9 +338,9 @@ def test_fgc_run_prints_one_provider_line(compiled):
 
 def test_fgc_run_a_spec(tmp_path):
     r = fgc("run", "specs/bert.fgpt", *TINY_ARGS, "--tokens", "5,6,7;8,9,10",
-            "--input", "j_masked=2;0")
+            "--input", "attention_mask=1,1,1;1,1,0")
     assert r.returncode == 0, r.stderr
-    assert "output BERT: float32[2, 50]" in r.stdout
+    assert "output BERT: float32[2, 3, 50]" in r.stdout
     assert "t not given" in r.stdout
     bad = fgc("run", "specs/bert.fgpt", *TINY_ARGS, "--input", "nope=1")
     _assert_clean_error(bad, "no input nope")

@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 import pytest
-from conftest import ROOT, TINY, TINY_EXTRA, all_specs
+from conftest import ROOT, TINY, TINY_EXTRA, all_specs, unpadded
 from test_torch_backend import import_model
 
 from compiler.backends.onnx.lower import Lowerer
@@ -41,7 +41,8 @@ def session(model, level: str = "all"):
 
 
 def random_inputs(cfg, T: int, B: int, seed: int) -> dict:
-    """0-based ids, permutations of 0..T-1, one position < T per sequence, and reals."""
+    """0-based ids, permutations of 0..T-1, one position < T per sequence, and reals; no
+    padding masks."""
     g = torch.Generator().manual_seed(seed)
     out = {}
     symbolic = load(cfg.model.span.file).symbolic().model.inputs
@@ -49,6 +50,8 @@ def random_inputs(cfg, T: int, B: int, seed: int) -> dict:
               for s in d.symbols()}  # the token length: T in this run
     for v, sv in zip(cfg.model.inputs, symbolic):
         t = v.type
+        if t.pad:  # no padding: the graph is given all ones (unpadded)
+            continue
         if t.perm:
             out[v.name] = torch.stack([torch.randperm(T, generator=g) for _ in range(B)])
         elif not t.shape:
@@ -105,7 +108,8 @@ def test_onnx_matches_torch(spec, variant, torch_model):
         refs = ref if isinstance(ref, tuple) else (ref,)
         feeds = {k: v.numpy() for k, v in inputs.items()}
         for level in LEVELS:
-            got = session(onnx_model, level).run(None, feeds)
+            run = session(onnx_model, level)
+            got = run.run(None, unpadded(run, feeds))
             for r, o in zip(refs, got):
                 r = r.numpy()
                 assert o.shape == r.shape
@@ -151,7 +155,8 @@ def test_onnx_matches_transformers(case, optimize, tmp_path):
     model = onnx.load(str(out / "model.onnx"))
     inputs = _inputs(case)
     ref = _reference(hf, case, inputs).numpy()
-    got = session(model).run(None, {k: v.numpy() for k, v in inputs.items()})[0]
+    run = session(model)
+    got = run.run(None, unpadded(run, {k: v.numpy() for k, v in inputs.items()}))[0]
     assert got.shape == ref.shape
     assert float(np.abs(got - ref).max()) <= 1e-5
     assert PREFIX[case.spec]  # the file holds the prefixed names transformers saves
@@ -204,8 +209,9 @@ def test_graphs_do_not_rely_on_pattern_fusion(torch_model):
     ops = {op for _, op in _ops(fused)}
     assert {"Attention", "SkipLayerNormalization", "FastGelu"} <= ops
     feeds = {k: v.numpy() for k, v in random_inputs(cfg, 6, 2, 3).items()}
-    on = session(fused, "all").run(None, feeds)[0]
-    off = session(fused, "off").run(None, feeds)[0]
+    on_session, off_session = session(fused, "all"), session(fused, "off")
+    on = on_session.run(None, unpadded(on_session, feeds))[0]
+    off = off_session.run(None, unpadded(off_session, feeds))[0]
     assert float(np.abs(on - off).max()) <= 1e-6
 
 
@@ -255,6 +261,7 @@ def test_causal_mask_with_a_shorter_query(variant, tmp_path):
         with torch.no_grad():
             ref = model(x).numpy()
         for level in LEVELS:
-            got = session(onnx_model, level).run(None, {"x": x.numpy()})[0]
+            run = session(onnx_model, level)
+            got = run.run(None, unpadded(run, {"x": x.numpy()}))[0]
             assert got.shape == ref.shape == (2, T - 1, 16)
             assert float(np.abs(got - ref).max()) <= TOL

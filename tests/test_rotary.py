@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ROOT, fgc, own_names, peaked_weights, set_args, tiny_sets
+from conftest import ROOT, fgc, own_names, peaked_weights, set_args, tiny_sets, unpadded
 from hf_parity import assert_greedy, assert_probabilities, module, tokens
 
 torch = pytest.importorskip("torch")
@@ -180,7 +180,7 @@ def test_each_variant_turns_as_transformers(turned):
     for target in ("onnx", "onnx18", "ort"):
         session = ort.InferenceSession(str(out[target] / "model.onnx"),
                                        providers=["CPUExecutionProvider"])
-        got[target] = torch.from_numpy(session.run(None, {"x": x.numpy()})[0])
+        got[target] = torch.from_numpy(session.run(None, unpadded(session, {"x": x.numpy()}))[0])
     for target, y in got.items():
         assert float((y - want).abs().max()) <= 1e-5, target
     assert float(want.abs().max()) > 0.5  # (a comparison of something)
@@ -333,7 +333,7 @@ def test_decoders_agree_across_targets(spec, tmp_path):
         assert any(n.op_type == "RotaryEmbedding" and n.domain == domain for n in graph.node)
         session = ort.InferenceSession(str(out[target] / "model.onnx"),
                                        providers=["CPUExecutionProvider"])
-        got = session.run(["logits"], {"x": x.numpy()})[0]
+        got = session.run(["logits"], unpadded(session, {"x": x.numpy()}))[0]
         assert float(np.abs(got - want).max()) <= 1e-5, target
 
 
@@ -390,7 +390,7 @@ def _steps_as_the_full_recompute(out: dict, target: str, relative: bool = False)
     x = tokens(50, 8).numpy()
     feed = x[:, :3]
     for t in range(3, 9):
-        got = dict(zip(names, session.run(None, {"x": feed, **past})))
+        got = dict(zip(names, session.run(None, unpadded(session, {"x": feed, **past}))))
         past = {k: got[k.replace("past.", "present.", 1)] for k in past}
         with torch.no_grad():
             want = out["torch"].logits(torch.from_numpy(x[:, :t])).numpy()[:, -feed.shape[1]:]
@@ -424,7 +424,7 @@ def test_soft_capping_is_c_tanh_x_over_c(tmp_path):
         assert float((model(x) - want).abs().max()) <= 1e-6
     session = ort.InferenceSession(str(tmp_path / "onnx" / "model.onnx"),
                                    providers=["CPUExecutionProvider"])
-    got = session.run(None, {"x": x.numpy()})[0]
+    got = session.run(None, unpadded(session, {"x": x.numpy()}))[0]
     assert float(np.abs(got - want.numpy()).max()) <= 1e-6
     assert float(np.abs(got).max()) <= 2.5 and float(np.abs(got).max()) > 2.0
 

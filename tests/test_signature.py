@@ -143,7 +143,9 @@ def test_the_graph_has_the_signature_inputs_and_outputs(case):
     _, _, _, sig, graph = case
     inc = sig["incremental"]
     cache = expand_cache(inc["cache"]) if inc else []
-    want_in = [(i["name"], i["dims"]) for i in sig["inputs"]] + \
+    # a padding mask covers the past's positions too in the incremental form
+    want_in = [(i["name"], [f"{inc['past']}+{d}" if inc and i.get("pad") and d == inc["length"]
+                            else d for d in i["dims"]]) for i in sig["inputs"]] + \
         [(c["past"], c["dims"]) for c in cache]
     assert [(i.name, _dims(i)) for i in graph.graph.input] == want_in
     outs = {o["name"]: o["dims"] for o in sig["outputs"]}
@@ -164,7 +166,10 @@ def test_what_each_case_shows(case):
         assert sig["incremental"] is None and sig["logits"] is None
     if name == "gpt2":
         assert sig["inputs"] == [{"name": "x", "dtype": "int", "dims": ["batch", "T"],
-                                  "lo": 1, "hi": 50, "zero_based": True, "perm": False}]
+                                  "lo": 1, "hi": 50, "zero_based": True, "perm": False},
+                                 {"name": "attention_mask", "dtype": "int",
+                                  "dims": ["batch", "T"], "lo": 0, "hi": 1,
+                                  "zero_based": False, "perm": False, "pad": True}]
         assert sig["logits"] == {"name": "logits", "of": "GPT"}
         inc = sig["incremental"]
         assert (inc["tokens"], inc["length"], inc["past"]) == ("x", "T", "past")

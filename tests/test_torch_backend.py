@@ -92,13 +92,16 @@ def tiny_sets(spec: str) -> dict:
 
 def example_inputs(spec: str, sets: dict, batch: int = 2, seed: int = 0) -> list:
     """Random inputs of the spec's own types at full length: tokens 0-based, permutations of
-    0..n-1, one index per sequence, reals from a normal distribution."""
+    0..n-1, one index per sequence, reals from a normal distribution; no padding masks
+    (forward's optional keywords: no padding)."""
     gen = torch.Generator().manual_seed(seed)
     cfg = load(str(ROOT / spec)).configure(None, sets)
     args = []
     for v in cfg.model.inputs:
         t = v.type
         shape = [int(d.const_value()) for d in t.shape]
+        if t.pad:
+            continue
         if t.perm:
             args.append(torch.stack([torch.randperm(shape[0], generator=gen)
                                      for _ in range(batch)]))

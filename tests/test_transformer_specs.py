@@ -23,7 +23,7 @@ import math
 
 import numpy as np
 import pytest
-from conftest import ROOT, fgc
+from conftest import ROOT, fgc, unpadded
 
 from compiler.emit import compile_spec
 from compiler.pipeline import load
@@ -352,10 +352,11 @@ def test_onnx_matches_torch_and_nn_transformer(optimize, reference, compiled_tor
     for level in ("ORT_ENABLE_ALL", "ORT_DISABLE_ALL"):
         session = _session(out / "model.onnx", level)
         assert [(i.name, i.shape) for i in session.get_inputs()] == [
-            ("x", ["batch", "T_n"]), ("y", ["batch", "T_m"])]
+            ("x", ["batch", "T_n"]), ("y", ["batch", "T_m"]),
+            ("attention_mask", ["batch", "T_n"])]
         for k, (T_n, T_m) in enumerate(LENGTHS):
             x, y = _tokens(T_n, T_m, seed=k)
-            got = session.run(["probs"], {"x": x.numpy(), "y": y.numpy()})[0]
+            got = session.run(["probs"], unpadded(session, {"x": x.numpy(), "y": y.numpy()}))[0]
             with torch.no_grad():
                 mine = ours(x, y).numpy()
             ref = _probs_ref(model, embedding, x, y).numpy()
@@ -414,7 +415,7 @@ def test_td_torch_and_onnx_agree(tmp_path):
             mine = model(x)
             ref = _td_reference(state, x)
         assert ref.max().item() > 3.0 / TD_SMALL["V"]
-        got = session.run(["probs"], {"x": x.numpy()})[0]
+        got = session.run(["probs"], unpadded(session, {"x": x.numpy()}))[0]
         d_ref = (mine - ref).abs().max().item()
         d_onnx = float(np.abs(got - mine.numpy()).max())
         print(f"t_d T={T}: torch vs plain-torch reference {d_ref:.3g}, onnx vs torch {d_onnx:.3g}")
@@ -445,4 +446,5 @@ def test_onnx_at_preset_size(spec, preset, tmp_path):
     total = sum(math.prod(inits[init]) for init in {held[name] for name in names})
     assert total == params_json(spec, preset)["total"]
     lengths = [d.dim_param for i in graph.input for d in i.type.tensor_type.shape.dim[1:]]
-    assert lengths == (["T_n", "T_m"] if spec == TRANSFORMER else ["T"])
+    # (padding masks last: the transformer's source's runs along T_n)
+    assert lengths == (["T_n", "T_m", "T_n"] if spec == TRANSFORMER else ["T", "T"])

@@ -129,8 +129,9 @@ def test_onnx_matches_xlnet_lm_head_model(tmp_path):
                                    providers=["CPUExecutionProvider"])
     feed = inputs(case, seed=4)
     names = [i.name for i in session.get_inputs()]
-    assert names == ["x", "t", "z", "TM"]
-    probs = session.run(["XLNet"], {k: feed[k].numpy() for k in names})[0]
+    assert names == ["x", "t", "z", "TM", "attention_mask"]
+    ones = {"attention_mask": np.ones(feed["x"].shape, np.int64)}  # no padding
+    probs = session.run(["XLNet"], {**{k: feed[k].numpy() for k in names[:-1]}, **ones})[0]
     ref = hf_probs(model, feed).numpy()
     assert probs.shape == ref.shape
     assert np.abs(probs - ref).max() <= TOL

@@ -468,6 +468,9 @@ class Elaborator:
         if isinstance(t, S.PermType):
             n = self._dim(t.n, statics)
             return TensorType(dtype="int", shape=(n,), lo=ONE, hi=n, perm=True)
+        if isinstance(t, S.PadType):
+            n = self._dim(t.n, statics)
+            return TensorType(dtype="int", shape=(n,), lo=Poly.const(0), hi=ONE, pad=True)
         raise FgcError("unknown type", getattr(t, "span", None))
 
     def _ellipsis_first(self, shape: tuple, span: Span) -> None:
@@ -1871,7 +1874,8 @@ def _free_names_in_types(types) -> list[str]:
             return
         if hasattr(node, "__dict__"):
             for v in vars(node).values():
-                if isinstance(v, (S.Expr, list, S.RealType, S.IntType, S.PermType, S.TupleType)):
+                if isinstance(v, (S.Expr, list, S.RealType, S.IntType, S.PermType, S.PadType,
+                                  S.TupleType)):
                     visit(v)
     for t in types:
         visit(t)

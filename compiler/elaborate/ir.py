@@ -180,6 +180,7 @@ class TensorType(_Base):
     lo: Size | None = None
     hi: Size | None = None
     perm: bool = False  # a permutation of lo..hi
+    pad: bool = False  # a padding mask (Pad[n]): 1 where a token is, 0 where padding is
     neg_inf: bool = False  # may hold -inf (a mask): multiplying by it is a mistake
     taint: Names = frozenset()  # inputs of the enclosing module this value carries
     family: Size | None = None  # number of members when the value is an indexed family
@@ -204,6 +205,8 @@ def format_type(t: TensorType) -> str:
     dims = ", ".join(format_dim(d) for d in t.shape)
     if t.perm:
         base = f"Perm[{format_dim(t.hi)}]"
+    elif t.pad:
+        base = f"Pad[{dims}]"
     elif t.dtype == "int":
         rng = f"{{{format_dim(t.lo)}..{format_dim(t.hi)}}}" if t.lo is not None else "Z"
         base = rng + (f"^({dims})" if len(t.shape) > 1 else f"^{dims}" if t.shape else "")

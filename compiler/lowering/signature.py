@@ -21,7 +21,12 @@ under the metadata key `fgc.signature`.
   (`"min(6, T_n + T_p)"`). An input family's members follow the batch as one axis.
 - An integer input also has its range `lo..hi` at the configuration; `hi_run` when its top
   is a run length (a position: at most this call's length); the compiled models take ids
-  0-based (`zero_based`); `perm` when it is a permutation.
+  0-based (`zero_based`); `perm` when it is a permutation. `pad` marks a padding mask
+  (`Pad[n]`, passes/padding.py): 1 at a token, 0 at padding, as given (not 0-based); a
+  caller may leave it out (no padding), and in the incremental form it covers the past's
+  positions and the new ones (`past + T` wide), as transformers' `attention_mask` does.
+- `inputs` are the spec's, in order, but padding masks last (the torch module's
+  `forward` takes them as keywords that default to None).
 - `outputs` are the spec's, in order (what the torch module's forward returns). `logits`
   names the extra output of the ONNX graph (and the torch module's `logits()`) that is
   the input of the final Softmax of a single output; null when there is none.
@@ -75,11 +80,11 @@ LOGITS = "logits"  # the extra output holding the final Softmax's input
 
 # onnxruntime-genai's names (the defaults of its genai_config.json's decoder "inputs" and
 # "outputs"), which `--genai` gives the incremental form's tensors: the signature's role ->
-# the graph's name, `{l}` the layer from 0. The graph takes no `attention_mask` or
-# `position_ids` yet: they join this table (and genai_config.json's "inputs", written from
-# the signature by backends/onnx/genai.py) with padding support, not before.
+# the graph's name, `{l}` the layer from 0. Positions come from the padding mask (a spec's
+# `Pad[n]`), so the graph takes no `position_ids`.
 GENAI_NAMES = {
     "tokens": "input_ids",
+    "padding": "attention_mask",
     "past key": "past_key_values.{l}.key",
     "past value": "past_key_values.{l}.value",
     "present key": "present.{l}.key",
@@ -253,7 +258,8 @@ def signature_form(model: ir.Model, functions: dict[str, ir.Function],
     runs = run_lengths(model, functions)
     sizes = _Sizes(runs)
     inputs = []
-    for v in model.inputs:
+    # padding masks last: the torch module takes them as keywords that default to None
+    for v in sorted(model.inputs, key=lambda v: v.type.pad):
         t = v.type
         what = f"input `{v.name}`"
         entry: dict = {"name": v.name, "dtype": t.dtype, "dims": sizes.dims(t, what)}
@@ -263,8 +269,10 @@ def signature_form(model: ir.Model, functions: dict[str, ir.Function],
             top = sizes.text(t.hi)
             if top is not None:  # a position: bounded by this run's length
                 entry["hi_run"] = top
-            entry["zero_based"] = True
+            entry["zero_based"] = not t.pad
             entry["perm"] = bool(t.perm)
+            if t.pad:  # optional: all ones when not given; with a past, past + T wide
+                entry["pad"] = True
         inputs.append(entry)
     outputs = [{"name": o.name, "dtype": o.type.dtype,
                 "dims": sizes.dims(o.type, f"output `{o.name}`")} for o in model.outputs]
@@ -304,7 +312,10 @@ def genai_names(form: dict, model: ir.Model) -> dict:
         raise FgcError("--genai needs the incremental form (--kv-cache): onnxruntime-genai "
                        "feeds the past keys and values back", where)
     tokens = inc["tokens"]
-    others = [i["name"] for i in form["inputs"] if i["name"] != tokens]
+    length = next(i["dims"][-1] for i in form["inputs"] if i["name"] == tokens)
+    padding = [i["name"] for i in form["inputs"] if i.get("pad") and i["dims"][-1] == length]
+    others = [i["name"] for i in form["inputs"] if i["name"] != tokens and
+              i["name"] not in padding]
     if others:
         raise FgcError(f"onnxruntime-genai's decoder feeds the token ids alone, and "
                        f"`{model.name}` also takes " + ", ".join(f"`{n}`" for n in others),
@@ -330,7 +341,7 @@ def genai_names(form: dict, model: ir.Model) -> dict:
         clash = sorted(outputs & ({tokens} | set(GENAI_NAMES.values())))
         raise FgcError(f"`{model.name}` has an output named `{clash[0]}`, which "
                        "onnxruntime-genai's names would give to another tensor", where)
-    renamed = {tokens: GENAI_NAMES["tokens"]}
+    renamed = {tokens: GENAI_NAMES["tokens"], **{p: GENAI_NAMES["padding"] for p in padding}}
     return {
         **form,
         "inputs": [{**i, "name": renamed.get(i["name"], i["name"])} for i in form["inputs"]],

@@ -132,10 +132,15 @@ class _Scope:
 
 
 class _Walk:
-    def __init__(self, model: ir.Model, functions: dict[str, ir.Function], g: str):
+    def __init__(self, model: ir.Model, functions: dict[str, ir.Function], g: str,
+                 padded: bool = False):
         self.model = model
         self.functions = functions
         self.g = g
+        # passes/padding.py's question: may positions along g be padding? Every attention
+        # over them is a site then, whatever its mask, and the outputs need not be one
+        # value per position
+        self.padded = padded
         self.sites: list[CacheSite] = []
         self.causal_seen = False  # some causal attention over the positions, cached or not
         self.along: dict[tuple[str, str], frozenset[str]] = {}  # see Incremental.along
@@ -157,7 +162,9 @@ class _Walk:
                 continue
             syms = d.symbols() if isinstance(d, Poly) else set()
             if syms & s.gen:
-                if len(syms) != 1 or d != Poly.sym(next(iter(syms))):
+                # (padding reads a table of n + c rows at the tokens' positions: RoBERTa's)
+                if len(syms) != 1 or d != Poly.sym(next(iter(syms))) and not (
+                        self.padded and (d - Poly.sym(next(iter(syms)))).is_const()):
                     self.fail(f"a size {format_poly(d)} combines the generated length with "
                               "others", span)
                 out.append(k)
@@ -189,7 +196,7 @@ class _Walk:
                 self.fail(f"parameter `{p.name}` is sized by the positions along two axes",
                           p.span or m.span)
         for v in m.inputs:
-            if v.type.dtype != "int" and self.axes(v.type, top, m.span):
+            if v.type.dtype != "int" and self.axes(v.type, top, m.span) and not self.padded:
                 self.fail(f"input `{v.name}` runs along the generated positions; a step "
                           "is given only new tokens", m.span)
         loops = 0
@@ -214,7 +221,7 @@ class _Walk:
                 loops += 1
             else:
                 self.eqn(item, top, set())
-        for o in m.outputs:
+        for o in [] if self.padded else m.outputs:
             t = types.get(o.name, o.type)
             ax = self.axes(t, top, m.span)
             if not ax or self.last_is_positions(t, top, m.span):
@@ -239,7 +246,7 @@ class _Walk:
                     return
                 self.fail("a causal mask chosen against one that is not", e.span)
             return
-        if any(causal_in):
+        if any(causal_in) and not self.padded:
             if e.op == "add" and len(causal_in) == 2 and causal_in.count(True) == 1:
                 # a bias plus the causal mask (T5's relative positions) is causal: the bias is
                 # a table of positions, made for the past and new positions and read from the
@@ -282,6 +289,13 @@ class _Walk:
             pos = self.axes(base, s, e.span)
             if pos and all(kinds[a] == ":" for a in pos):
                 return
+        if op == "index" and self.padded and ins[0] is not None and \
+                not any(t is not None and self.axes(t, s, e.span) for t in ins[1:]):
+            if e.ins[0].name in s.computed and any(o.name is None for o in e.ins[1:]):
+                # (a table's rows, RoBERTa's W_p[3..n+2, :], are read at the tokens' ranks)
+                self.fail("a fixed position of values along padded positions: padding moves "
+                          "it", e.span)
+            return  # rows picked by the caller's indices: positions as the caller pads them
         if op == "lookup":  # rows of a table, one per id: the ids' positions stay apart
             if ins[1] is not None and self.axes(ins[1], s, e.span):
                 self.fail("a lookup in a table along the positions mixes them", e.span)
@@ -313,7 +327,7 @@ class _Walk:
             # exact
             if mask_kind(fn) in CAUSAL_KINDS and inner_gen:
                 s.causal.update(v.name for v in e.outs)
-            elif mask_kind(fn) is not None and inner_gen:
+            elif mask_kind(fn) is not None and inner_gen and not self.padded:
                 self.fail(f"{fn.name} lets a position see later ones", e.span)
             return
         if intrinsic(fn) is not None and intrinsic(fn).positionwise:
@@ -339,7 +353,7 @@ class _Walk:
             if self.axes(p.type, inner, e.span):
                 self.fail(f"parameter `{p.name}` of {fn.name} is sized by the positions",
                           p.span or e.span)
-        if inst in shared and self._has_site(fn):
+        if inst in shared and self._has_site(fn) and not self.padded:
             self.fail(f"`{inst}` is shared by every layer, so its keys would be too", e.span)
         for inner_e in fn.eqns:
             self.eqn(inner_e, inner, set())
@@ -375,6 +389,11 @@ class _Walk:
         mask_op = e.ins[3]
         keys = k is not None and bool(self.axes(k, s, e.span))
         queries = q is not None and bool(self.axes(q, s, e.span))
+        if self.padded:  # any mask: padding only takes keys away
+            if keys:
+                self.sites.append(CacheSite(loop=s.loop, path=s.path + (e.attrs["instance"],),
+                                            heads=None, key=(), value=(), span=e.span))
+            return
         causal = mask_op.name is not None and mask_op.name in s.causal
         if not keys:
             if causal:
@@ -434,7 +453,7 @@ def derive(model: ir.Model, functions: dict[str, ir.Function]) -> Incremental:
     lengths = sequence_symbols(model, functions)
     for v in model.inputs:
         t = v.type
-        if t.dtype == "int" and not t.perm and len(t.shape) == 1 and \
+        if t.dtype == "int" and not t.perm and not t.pad and len(t.shape) == 1 and \
                 isinstance(t.shape[0], Poly) and t.shape[0].symbols() <= lengths and \
                 len(t.shape[0].symbols()) == 1:
             candidates.append((next(iter(t.shape[0].symbols())), v.name))

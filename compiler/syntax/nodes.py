@@ -163,12 +163,20 @@ class PermType:
 
 
 @dataclass
+class PadType:
+    """`Pad[n]`: which of n positions hold tokens (1) and which padding (0)."""
+
+    span: Span
+    n: Expr
+
+
+@dataclass
 class TupleType:
     span: Span
     items: list
 
 
-Type = RealType | IntType | PermType | TupleType
+Type = RealType | IntType | PermType | PadType | TupleType
 
 # ---------------------------------------------------------------- declarations
 

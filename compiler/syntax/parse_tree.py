@@ -483,6 +483,10 @@ class _ToSyntax(Transformer):
         return S.PermType(self._span(meta), children[0])
 
     @v_args(meta=True)
+    def pad_type(self, meta, children):
+        return S.PadType(self._span(meta), children[0])
+
+    @v_args(meta=True)
     def tuple_type(self, meta, children):
         return S.TupleType(self._span(meta), children)
 

@@ -196,6 +196,8 @@ class TeX:
             return base + self.dims(t.dims)
         if isinstance(t, S.PermType):
             return r"\mathcal{Z}_" + _group(self.expr(t.n))
+        if isinstance(t, S.PadType):
+            return r"\{0, 1\}^{" + self.expr(t.n) + "}"
         if isinstance(t, S.TupleType):
             return r" \times ".join(self.type(x) for x in t.items)
         raise TypeError(type(t).__name__)

@@ -72,6 +72,8 @@ def genai_config(lw, ids: dict) -> dict:
     queries = kv_heads if site.queries is None else \
         Number(site.queries, "the query heads").at(lw.values)
     hidden = _embedding_width(lw.model, lw.inc.tokens, lw.values)
+    # the padding mask (past + new positions), where the spec takes one
+    padding = next((i["name"] for i in sig["inputs"] if i.get("pad")), None)
     decoder = {
         "session_options": {"log_id": "fgc", "provider_options": []},  # the CPU provider
         "filename": "model.onnx",
@@ -82,7 +84,8 @@ def genai_config(lw, ids: dict) -> dict:
         "num_hidden_layers": key["layers"],
         "num_key_value_heads": kv_heads,
         "inputs": {"input_ids": inc["tokens"], "past_key_names": _pattern(key["past"]),
-                   "past_value_names": _pattern(value["past"])},
+                   "past_value_names": _pattern(value["past"]),
+                   **({"attention_mask": padding} if padding is not None else {})},
         "outputs": {"logits": sig["logits"]["name"],
                     "present_key_names": _pattern(key["present"]),
                     "present_value_names": _pattern(value["present"])},
@@ -91,10 +94,13 @@ def genai_config(lw, ids: dict) -> dict:
         "model": {**ids, "context_length": context,
                   "vocab_size": vocabulary(sig), "type": TYPE,
                   "decoder": decoder},
-        # greedy by default, as `fgc generate`; the graph concatenates past and new keys, so
-        # genai must not share one buffer between past and present
+        # greedy by default, as `fgc generate`; past and present share one buffer where
+        # every cached attention writes its keys into it (the signature's share_buffer:
+        # GroupQueryAttention counting keys by the padding mask), else the graph
+        # concatenates past and new keys and genai must not share it
         "search": {"do_sample": False, "max_length": context, "min_length": 0,
-                   "num_beams": 1, "past_present_share_buffer": False},
+                   "num_beams": 1,
+                   "past_present_share_buffer": bool(inc.get("share_buffer"))},
     }
 
 

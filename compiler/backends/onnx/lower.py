@@ -48,6 +48,7 @@ from ...lowering.products import groups
 from ...lowering.rotary import Rotary, frequencies, rotary
 from ...lowering.signature import LOGITS, PAST, by_position, run_lengths, signature
 from ...names import family_layout, ident
+from ...passes import padding
 from ...passes.incremental import Incremental, derive
 from .graph import ORT_DOMAIN, Graph, Joined, Node
 from .quantize import Quantization, Quantizer
@@ -172,6 +173,20 @@ class Lowerer:
         # rotation): a GroupQueryAttention reading both q and k so turns them itself
         self.turned: dict[str, tuple[str, Rotary]] = {}
         self.groups: dict[str, dict] = {}  # module -> its grouped products (lowering.products)
+        # Pad inputs (passes/padding.py): the attentions over their positions mask padded
+        # keys, and tables along them are read at the tokens' positions
+        self.padding = padding.derive(cfg.model, cfg.functions)
+        self.pad_sites: dict[str, str] = {}  # attention path (without its layer) -> input
+        self.explicit = {p.input for p in self.padding.inputs if p.explicit} \
+            if self.padding is not None else set()
+        for p in self.padding.inputs if self.padding is not None else []:
+            for site in p.sites:
+                self.pad_sites["/".join(ident(x) for x in site.path)] = p.input
+        self.pad_masks: dict[str, str] = {}  # Pad input -> its graph tensor
+        # cached attentions that may read the past from a buffer of the longest length and
+        # write the present into it (GroupQueryAttention counting keys by the padding mask)
+        self.shareable: set[str] = set()
+        self.pad_runs: dict[str, str] = {}  # run length (`T`) -> the Pad input along it
 
     # ---------------------------------------------------------------- helpers
     def _role(self, size: Poly, label: str) -> Role:
@@ -198,6 +213,55 @@ class Lowerer:
 
     def info(self, name: str, v: V, packed: bool = False) -> None:
         self.g.info(name, v.dtype, self.packed_dims(v) if packed else self.dims(v))
+
+    def batch_dim(self):
+        return dim_text(self.batch.size)
+
+    # ---------------------------------------------------------------- padding
+    def pad_of(self, rows: Poly) -> str | None:
+        """The Pad input of the positions a run-time size runs along, if any."""
+        return self.pad_runs.get(format_poly(rows)) if self.pad_runs else None
+
+    def positions(self, pad: str, rows: Poly) -> str:
+        """Each of this call's tokens' position in its row without padding, (batch, T)
+        int64: cumsum of the mask - 1 (0 at padding before the first token), its last T
+        columns (after the past's, in the incremental form). Made once."""
+        key = ("positions", pad)
+        if key not in self.shared_tables:
+            label = f"{pad}/positions"
+            mask = self.pad_masks[pad]
+            ranks = self.g.op("Sub", [self.g.op("CumSum", [mask, self.g.const(1, "int")],
+                                                f"{label}/count"),
+                                      self.g.const(1, "int")], f"{label}/ranks")
+            ranks = self.g.op("Max", [ranks, self.g.const(0, "int")], f"{label}/ranks")
+            last = self.g.op("Neg", [self.size(rows)], f"{label}/from")
+            self.shared_tables[key] = self.g.op(
+                "Slice", [ranks, last, self.g.ints([2**62]), self.g.ints([1])], label)
+            self.g.info(self.shared_tables[key], "int", [self.batch_dim(), dim_text(rows)])
+        return self.shared_tables[key]
+
+    def key_padding(self, pad: str, rows: Poly, cols: Poly) -> V:
+        """The keys' padding as an additive mask, (batch, rows, cols): 0 at a token, the
+        lowest number of the model's type at padding (finite: a padded query, which sees
+        no token, stays a number; at a token's query padding weighs exactly 0). Made
+        once per shape."""
+        key = ("key padding", pad, str(rows), str(cols))
+        if key not in self.shared_tables:
+            label = f"{pad}/keys"
+            low = float(np.finfo(np.float16 if self.precision.half else np.float32).min)
+            hidden = self.g.op("Equal", [self.pad_masks[pad], self.g.const(0, "int")],
+                               f"{label}/hidden")
+            bias = self.g.op("Where", [hidden, self.g.const(low, "real"),
+                                       self.g.const(0.0, "real")], label)
+            bias = self.g.op("Unsqueeze", [bias, self.g.ints([1])], label)  # (B, 1, cols)
+            # (the mask's width: with a shared past buffer, the keys are not the past's)
+            shape = self.g.op("Concat", [self.g.ints([1]), self.size(rows), self.g.ints([1])],
+                              f"{label}/shape", axis=0)
+            bias = self.g.op("Expand", [bias, shape], label)
+            v = V("real", (self.batch,), (rows, cols), name=bias)
+            self.info(bias, v)
+            self.shared_tables[key] = v
+        return self.shared_tables[key]
 
     def size(self, p: Poly) -> str:
         """An int64[1] tensor holding a size (a constant, or computed from T)."""
@@ -325,10 +389,21 @@ class Lowerer:
         return V("real", (role,), tuple(run_dims), fam=role, stored=init)
 
     def _slice_dynamic(self, v: V, stored: list, run: list) -> V:
-        """A parameter sized by the context length n is used up to the run's length T."""
+        """A parameter sized by the context length n is used up to the run's length T;
+        along padded positions, each token's row (batch, T, ...)."""
         cut = [k for k, (a, b) in enumerate(zip(stored, run)) if a != b]
         if not cut:
             return v
+        pads = [self.pad_of(run[k]) for k in cut]
+        if any(pads):
+            if cut != [0] or v.roles:
+                raise Unsupported("a padded table of positions along an axis other than "
+                                  "its first")
+            out = self.g.op("Gather", [v.name, self.positions(pads[0], run[0])],
+                            f"{v.name}[positions]", axis=0)
+            nv = replace(v, roles=(self.batch,), name=out)
+            self.info(out, nv)
+            return nv
         ends = [self.size(self.from_past(run[k]) + run[k]) for k in cut]
         ends_t = ends[0] if len(ends) == 1 else self.g.op("Concat", ends, "ends", axis=0)
         firsts = [self.from_past(run[k]) for k in cut]
@@ -571,7 +646,8 @@ class Lowerer:
         if self.inc is not None:
             self.generated = self.signature["incremental"]["length"]
         # each input's tensor: the spec's name, or onnxruntime-genai's with --genai
-        graph_name = {v.name: i["name"] for v, i in zip(m.inputs, self.signature["inputs"],
+        ordered = sorted(m.inputs, key=lambda v: v.type.pad)  # the signature's order
+        graph_name = {v.name: i["name"] for v, i in zip(ordered, self.signature["inputs"],
                                                           strict=True)}
         self.g.taken.update(v.name for v in m.inputs)
         self.g.taken.update(graph_name.values())
@@ -588,8 +664,20 @@ class Lowerer:
         scope = Scope(None, env, penv, "", None, numeric)
         self.run_env = env
         inputs = []
-        for v in m.inputs:
+        for v in ordered:
             t = v.type
+            if t.pad:  # 1 at a token, 0 at padding; with a past, over past + T positions
+                run = self.ev(t.shape[0], env)
+                width = dim_text(run)
+                if self.inc is not None and by_position(run, self.generated):
+                    width = f"{PAST}+{width}"  # as the present's positions are named
+                inputs.append((graph_name[v.name], "int", [self.batch_dim(), width]))
+                if v.name in self.explicit:  # the spec's equations read it
+                    scope.vals[v.name] = V("int", (self.batch,), (run,), name=graph_name[v.name])
+                    continue
+                self.pad_masks[v.name] = graph_name[v.name]
+                self.pad_runs[format_poly(run)] = v.name
+                continue
             fam = self.ev(t.family, penv) if t.family is not None else None
             member = t.member() if fam is not None else t
             own = tuple(self.ev(d, env) for d in member.shape)
@@ -649,6 +737,10 @@ class Lowerer:
                 graph_outputs.append((extra["name"], "real", self.dims(logits)))
         if self.inc is not None:
             graph_outputs += self._cache_outputs(output)
+            if self.sites and set(self.sites) <= self.shareable:
+                # every cached attention takes a past of the longest length, its present
+                # the same buffer: the runtime may bind one buffer per tensor (IO binding)
+                self.signature["incremental"]["share_buffer"] = True
         meta = self.metadata(m)
         if self.quantizer is not None:
             if not self.quantizer.made:
@@ -1047,9 +1139,25 @@ class Lowerer:
             outs = [replace(o, fam=role) if role in o.roles else o for o in outs]
         if table:
             outs = [self._last_rows(o) for o in outs]
+        elif not fn.inputs and scope.fn is None and self.pad_runs:
+            outs = [self._padded_rows(o) for o in outs]
         if key is not None:
             self.memo[key] = (ins, outs)  # the inputs are kept alive: their ids are the key
         return outs
+
+    def _padded_rows(self, v: V) -> V:
+        """A table of positions (a sinusoid) whose rows run along padded positions: each
+        token's row, (batch, T, ...). A table along positions on two axes (a relative bias
+        of queries by keys) depends on their distance, which padding at the ends keeps."""
+        pad = self.pad_of(v.own[0]) if v.own and not v.roles else None
+        if pad is None or any(not d.is_const() for d in v.own[1:]):
+            return v  # (queries by keys: a relative bias, the same with padding at the ends)
+        v = self.canonical(v)
+        out = self.g.op("Gather", [v.name, self.positions(pad, v.own[0])],
+                        f"{v.name}[positions]", axis=0)
+        nv = replace(v, roles=(self.batch,), name=out)
+        self.info(out, nv)
+        return nv
 
     def _last_rows(self, v: V) -> V:
         """A table made for past + T positions: its rows from past on (the first axis that
@@ -1396,6 +1504,16 @@ def _index(lw: Lowerer, e: Eqn, ins: list[V], scope: Scope) -> V:
             lo, hi = rest[k], rest[k + 1]
             k += 2
             start = lw.zero_based(lo)
+            rows = lw.ev(e.outs[0].type.shape[axis], scope.env)
+            pad = lw.pad_of(rows)
+            if pad is not None and axis == 0 and not base.roles and \
+                    all(x == ":" for x in kinds[1:]):
+                # rows lo.. of a table read at the tokens' positions (RoBERTa's W_p[3..n+2])
+                start = lw.g.op("Reshape", [start, lw.g.ints([1])], f"{label}/start")
+                x = lw.g.op("Slice", [x, start, lw.g.ints([2**62]), lw.g.ints([0])], label)
+                x = lw.g.op("Gather", [x, lw.positions(pad, rows)], f"{label}/positions",
+                            axis=0)
+                return _out(lw, e, scope, (lw.batch,), base.dtype, x, offset=base.offset)
             end = lw.math(hi)
             start = lw.g.op("Reshape", [start, lw.g.ints([1])], f"{label}/start")
             end = lw.g.op("Reshape", [end, lw.g.ints([1])], f"{label}/end")
@@ -1813,6 +1931,18 @@ def _attention(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
     cached = callee.path in lw.sites
     if cached:  # the incremental form: keys of the earlier positions too
         k, v = lw.extend_cache(callee.path, k, v)
+    pad = lw.pad_sites.get(callee.path.split("/", 1)[1] if callee.layer is not None and
+                           callee.path.startswith("layer") else callee.path)
+    padding = lw.key_padding(pad, q.own[0], k.own[0]) if pad is not None else None
+    if padding is not None and lw.optimize == "ort" and (
+            e.attrs.get("groups") is not None or cached) and kind is not None and \
+            kind.causal and not kind.bias and not kind.window:
+        out = _ort_group_attention(lw, q, k, v, intrinsic(callee.fn).scale, callee.path,
+                                   padding)
+        if out is not None:
+            return [out]
+    if padding is not None:  # the mask as a tensor plus the keys' padding (passes/padding)
+        mask, kind = _padded_mask(lw, q, k, mask, kind, padding, callee.path), None
     # grouped-query: keys and values of G heads, which ONNX's Attention shares out itself
     # where query head i reads head (i - 1) div (A / G) + 1; else each query head's picked
     grouped = e.attrs.get("groups") is not None
@@ -1884,6 +2014,27 @@ def _attention(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
     return [res]
 
 
+def _padded_mask(lw: Lowerer, q: V, k: V, mask: V | None, kind, padding: V, path: str) -> V:
+    """What a use's mask means, as a tensor (Mask^AR, a window, a bias, either plus a bias,
+    none), plus the keys' padding: one additive mask (batch, ..., rows, cols)."""
+    if kind is not None and kind.window:
+        table = lw.causal_table(q.own[0], k.own[0], f"{path}/Mask^ST", window=mask.lazy)
+    elif kind is not None and kind.causal:
+        table = lw.causal_table(q.own[0], k.own[0], f"{path}/Mask^AR")
+        if kind.bias:
+            table = lw.plus_bias(mask, table, f"{path}/mask")
+    elif kind is not None and not kind.bias:
+        return padding
+    else:
+        table = lw.as_real(lw.canonical(mask))
+    roles = lw.merge_roles(table, padding)
+    out = lw.g.op("Add", [lw.align(table, roles, 2), lw.align(padding, roles, 2)],
+                  f"{path}/padded")
+    v = V("real", roles, (q.own[0], k.own[0]), name=out)
+    lw.info(out, v)
+    return v
+
+
 def _heads_attention(lw: Lowerer, q: V, k: V, v: V, bias: str | None, causal: bool,
                      scale: float | None, path: str) -> V:
     """ONNX's Attention (opset 23) over q's heads and k's and v's, which may be fewer
@@ -1918,13 +2069,15 @@ def _heads_attention(lw: Lowerer, q: V, k: V, v: V, bias: str | None, causal: bo
 
 
 def _ort_group_attention(lw: Lowerer, q: V, k: V, v: V, scale: float | None,
-                         path: str) -> V | None:
+                         path: str, padding: V | None = None) -> V | None:
     """onnxruntime's GroupQueryAttention: causal attention of A query heads over G key and
     value heads (G = A too), in one product's layout, with the past keys and values in
     and the present ones out in the incremental form. Where q and k are turned by one
     rotation (its rotary
     operators made them), it turns them itself (`do_rotary`, the tables from position 0:
-    it reads each row's by position, the past's length on). None where its kernel does
+    it reads each row's by position, the past's length on). A padded batch's keys are
+    its `attention_bias`, and its rotations stay the rotary operators' (which read each
+    token's position; the kernel's own would count padding). None where its kernel does
     not apply (a head width not a multiple of 8; queries and keys of different lengths)."""
     past = k.kind == "cache" and v.kind == "cache"
     if past:
@@ -1939,7 +2092,7 @@ def _ort_group_attention(lw: Lowerer, q: V, k: V, v: V, scale: float | None,
         return None
     xq, xk = lw.packed_form(q), lw.packed_form(kn)
     rq, rk_ = lw.turned.get(xq), lw.turned.get(xk)
-    rot = rq[1] if rq and rk_ and rq[1] == rk_[1] else None
+    rot = rq[1] if rq and rk_ and rq[1] == rk_[1] and padding is None else None
     if rot is not None and (d % 16 or rot.width // 2 % 8 or rot.width > d):
         rot = None  # its rotation's tables: a multiple of 8 wide, half the head at most
     if rot is not None:
@@ -1950,9 +2103,15 @@ def _ort_group_attention(lw: Lowerer, q: V, k: V, v: V, scale: float | None,
             and made[0].outputs == [xq, xk, xv]:
         xq, xk, xv = made[0].inputs[0], "", ""  # one product's Q | K | V: packed
     total = Poly.sym(PAST) + kn.own[0] if past else kn.own[0]
-    key = ("gqa lengths", str(total))
+    key = ("gqa lengths", str(total), padding is not None)
     if key not in lw.shared_tables:  # made once, for every layer
-        n = lw.g.op("Cast", [lw.scalar_size(total)], "attention/total", to=6)  # int32
+        # the keys' number: the padding mask's width where there is one, which stays right
+        # where the runtime gives the past in a buffer of the longest length (GQA's
+        # past_present_share_buffer: runtime/generate.py)
+        size = lw.g.op("Shape", [padding.name], "attention/total", start=-1) \
+            if padding is not None else lw.size(total)
+        n = lw.g.op("Cast", [lw.g.op("Squeeze", [size, lw.g.ints([0])], "attention/total")],
+                    "attention/total", to=6)  # int32
         batch = lw.g.op("Shape", [xq], "attention/batch", start=0, end=1)
         last = lw.g.op("Sub", [n, lw.g.op("Cast", [lw.g.const(1, "int")], "attention/one",
                                           to=6)], "attention/last")
@@ -1964,11 +2123,15 @@ def _ort_group_attention(lw: Lowerer, q: V, k: V, v: V, scale: float | None,
     if rot is not None:
         inputs += list(lw.rotary_tables(rot, total, whole=True))
         attrs.update(do_rotary=1, rotary_interleaved=1 if rot.interleaved else 0)
+    if padding is not None:  # (batch, 1, T, P + T)
+        inputs += ["", "", "", lw.align(padding, (lw.batch, q.fam), 2)]
     outs = lw.g.node("GroupQueryAttention", inputs, path, 3, domain=ORT_DOMAIN, **attrs)
     if past:
         # its kernel takes several new positions after a past at batch 1 only: the runtime
         # says so before onnxruntime would (runtime/session.py)
         lw.signature["incremental"]["chunk_batch"] = 1
+        if padding is not None:
+            lw.shareable.add(path)
         for present, new, tensor in ((rk, kn, outs[1]), (rv, vn, outs[2])):
             lw.presents[present] = tensor
             lw.info(tensor, V("real", new.roles, (total, *new.own[1:]), fam=new.fam))
@@ -2086,9 +2249,14 @@ def _rotary(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
     if found is None:
         return None
     x, r, heads = found
-    cos, sin = lw.rotary_tables(r, x.own[0])
     path = callee.path
     key = ("rotary ids", str(x.own[0]))
+    pad = lw.pad_of(x.own[0])
+    if pad is not None:  # a padded batch: each token's position, into tables from 0
+        cos, sin = lw.rotary_tables(r, lw.from_past(x.own[0]) + x.own[0], whole=True)
+        lw.shared_tables[key] = lw.positions(pad, x.own[0])
+    else:
+        cos, sin = lw.rotary_tables(r, x.own[0])
     if key not in lw.shared_tables:  # made once, for every layer
         # (onnxruntime wants ids for every row of the batch: the same ones)
         rows = lw.g.op("Range", [lw.g.const(0, "int"), lw.scalar_size(x.own[0]),
@@ -2113,8 +2281,14 @@ def _ort_rotary(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
     if found is None:
         return None
     x, r, heads = found
-    cos, sin = lw.rotary_tables(r, x.own[0])
-    res = _turned(lw, x, "RotaryEmbedding", [lw.g.ints([0]), cos, sin], callee.path,
+    pad = lw.pad_of(x.own[0])
+    if pad is not None:  # a padded batch: each token's position, into tables from 0
+        cos, sin = lw.rotary_tables(r, lw.from_past(x.own[0]) + x.own[0], whole=True)
+        ids = lw.positions(pad, x.own[0])
+    else:
+        cos, sin = lw.rotary_tables(r, x.own[0])
+        ids = lw.g.ints([0])
+    res = _turned(lw, x, "RotaryEmbedding", [ids, cos, sin], callee.path,
                   ORT_DOMAIN, interleaved=1 if r.interleaved else 0,
                   rotary_embedding_dim=r.width, num_heads=heads)
     if res.packed is not None:  # GroupQueryAttention may turn the projection itself

@@ -45,6 +45,7 @@ from ...names import (
     safe_name,
     value_name,
 )
+from ...passes import padding
 from ...passes.incremental import NotIncremental, derive
 from ...syntax import nodes as S
 from .pyexpr import (
@@ -458,6 +459,9 @@ class Body:
         self.materialized: set[str] = set()
         self.real_dtype: Expr = call("torch.get_default_dtype")  # where integers go as reals
         self.start: Expr | None = None  # the model's body: the first new position (step())
+        # the model's body in a padded model: where its tokens are, what modules get as
+        # `start` (Generator.start_name)
+        self.positions: Expr | None = None
         self.fn_name = ""  # the module whose forward this is ("" for the model and layers)
         # temporaries the spec names otherwise (a module's result is the module's): the
         # name they take here, before ident; other temporaries are numbered (`%7` -> t7)
@@ -515,9 +519,15 @@ class Body:
         """A parameter sized by the context length is used up to the run's length."""
         cuts = []
         dyn = False
-        for d in t.shape:
+        for k, d in enumerate(t.shape):
             if isinstance(d, Poly) and (d.symbols() & self.gen.dynamic):
                 end = py_poly(d, self.sym)
+                pad = self.gen.padded(d)
+                if pad is not None:  # each token's row (a padded batch), or rows from `at`
+                    if k != 0 or len(t.shape) < 1 or self.fn_name:
+                        raise Unsupported("a padded table of positions along an axis other "
+                                          "than its first")
+                    return call("rows_at", expr, Name(self.gen.positions_name(pad)), end)
                 if self.gen.by_position(d):  # rows start..start+T of a table of positions
                     if self.start is None:
                         raise Unsupported("a parameter indexed by position inside the layers")
@@ -928,6 +938,13 @@ def _index(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> Expr:
         elif kind == "range":
             lo, hi = rest[k], rest[k + 1]
             k += 2
+            pad = b.gen.padded(e.outs[0].type.shape[len(items)])
+            if pad is not None and not b.fn_name and not base.layout.lead and not items and \
+                    all(x == ":" for x in kinds[1:]):
+                # rows lo.. of a table read at the tokens' positions (RoBERTa's W_p[3..n+2])
+                return call("rows_at", Subscript(base.expr, (Slice(_zero_based(b, lo)),)),
+                            Name(b.gen.positions_name(pad)),
+                            py_poly(e.outs[0].type.shape[0], b.sym))
             items.append(Slice(_zero_based(b, lo), _math(b, hi)))
         else:
             idx = rest[k]
@@ -1138,6 +1155,8 @@ def _sdpa(b: Body, fn: ir.Function, inputs: list[str]) -> list[Line]:
         if scale is not None:
             kw["scale"] = Const(scale)
         return Line(Return(call("sdpa", q, k, v, **kw)), comment, depth)
+    if b.gen.padding is not None:
+        lines += _padded_sdpa(b, fn, kind, q, k, mask, sdpa)
     if kind is None:
         return lines + [sdpa("scale 1/sqrt(d) is sdpa's default" if scale is None else
                              f"scores scaled by {scale:g}", attn_mask=mask)]
@@ -1168,6 +1187,31 @@ def _sdpa(b: Body, fn: ir.Function, inputs: list[str]) -> list[Line]:
             [dataclasses.replace(x, depth=x.depth + 1) for x in causal] + \
             [sdpa("this use is given Mask^BD: no mask")]
     return lines + causal
+
+
+def _padded_sdpa(b: Body, fn: ir.Function, kind: MaskKind | None, q: Expr, k: Expr,
+                 mask: Expr, sdpa) -> list[Line]:
+    """A padded batch (passes/padding.py): the mask as a tensor plus the keys' padding."""
+    pad = dotted("self.pad")
+    length = [Subscript(Attr(x, "shape"), (Const(-2),)) for x in (q, k)]
+    table = method(call("causal_mask", *length, Attr(q, "device")), "to", Attr(q, "dtype"))
+    if kind is None or kind.causal is False and kind.bias:
+        full: Expr = mask
+    elif kind.causal is False:
+        full = Const(None)
+    elif kind.window:
+        full = method(call("window_mask", *length, mask, Attr(q, "device")), "to",
+                      Attr(q, "dtype"))
+    elif kind.bias:
+        full = BinOp(mask, "+", table)
+    elif kind.causal is None:  # PER_USE
+        flag = b.gen.mask_flags(fn)[intrinsic(fn).mask_input]
+        full = IfExp(table, dotted(f"self.{flag}"), Const(None))
+    else:
+        full = table
+    return [Line(If(Compare(pad, "is not", Const(None))),
+                 "a padded batch: no query sees a key at padding"),
+            dataclasses.replace(sdpa(attn_mask=call("with_padding", full, pad, q)), depth=1)]
 
 
 def _cached_keys(k: Expr, v: Expr) -> list[Line]:
@@ -1317,6 +1361,8 @@ class Generator:
             self.incremental = derive(cfg.model, cfg.functions)  # on the elaborated IR
         except NotIncremental:
             self.incremental = None
+        # where a padded batch masks keys and reads positions at the tokens' ranks
+        self.padding = padding.derive(cfg.model, cfg.functions)
         # attention modules some use gives grouped keys and values (lowering/families.py)
         bodies = [fn.eqns for fn in self.functions.values()] + [
             item.body if isinstance(item, ir.Loop) else [item] for item in self.model.body]
@@ -1328,6 +1374,19 @@ class Generator:
         """Whether a size is the generated length of an incremental model: a table or a
         parameter along it is read from the first new position on."""
         return by_position(d, self.incremental.length if self.incremental else None)
+
+    def padded(self, d) -> str | None:
+        """The Pad input of the positions a size runs along, if any: a table along them
+        is read at each token's position (`at`, see `positions_name`)."""
+        p = self.padding.of(d) if self.padding is not None else None
+        return p.input if p is not None and d == Poly.sym(p.length) else None
+
+    def positions_name(self, pad: str) -> str:
+        """The variable holding where the tokens of a Pad input's positions are: the first
+        new position (an int) without a mask, each token's rank (B, T) with one."""
+        p = next(x for x in self.padding.inputs if x.input == pad)
+        T = self.run_length[p.length]
+        return "at" if len(self.padding.inputs) == 1 and T == "T" else f"at_{T}"
 
     def is_kind(self, e: Eqn, kind: str) -> bool:
         """Whether `e` calls an intrinsic of this kind."""
@@ -1486,8 +1545,8 @@ class Generator:
         self.in_module = True
         body = Body(self, sym, device, namer, self_attr, fn.span.file if fn.span else "")
         body.fn_name = fn.name
-        if self.incremental is not None:  # tables of positions inside: from `start` on
-            body.start = Name("start")
+        if self.incremental is not None or self.padding is not None:
+            body.start = Name("start")  # tables of positions inside: from `start` on
         body.spec_names = {**self._use_names(self.cfg.functions[fn.name].eqns
                                              if fn.name in self.cfg.functions else []),
                            **self._result_names(fn)}
@@ -1550,6 +1609,8 @@ class Generator:
                        for flag in flags.values()]
         if is_kind(fn, "attention") and self.incremental is not None:
             init_lines.append("self.cache = None  # step(): keys and values, (B, A, P, D) each")
+        if is_kind(fn, "attention") and self.padding is not None:
+            init_lines.append("self.pad = None  # a padded batch: its keys' padding, (B, P + T)")
         return ClassView(cls, doc, [ident(s) for s in static] + list(flags.values()),
                          init_lines, params, subs, fwd, lines)
 
@@ -1668,11 +1729,26 @@ class Generator:
             if (b.fn_name, e.attrs["instance"]) in self.incremental.mixed:
                 raise Unsupported(f"`{fn.name}` makes a table of positions and is used along "
                                   "the generated positions at one use and not at another")
-            kw["start"] = b.start  # its tables of positions, from the first new one
+            # its tables of positions, from the first new one (or at the tokens' positions)
+            kw["start"] = b.positions or b.start
         result = call(target, *args, **kw)
+        pad = self._padded_table(b, e, fn)
+        if pad is not None:  # a table of positions read at the tokens' positions
+            return [call("rows_at", result, Name(self.positions_name(pad)),
+                         py_poly(e.outs[0].type.shape[0], b.sym))]
         if rows is None:
             return [result]
         return [Subscript(result, (*[Slice()] * rows, Slice(b.start)))]
+
+    def _padded_table(self, b: Body, e: Eqn, fn: ir.Function) -> str | None:
+        """For a table computed from sizes (positions: a sinusoid) whose rows run along
+        padded positions, at the model's level, the Pad input: it is read at the tokens'
+        positions (rows_at)."""
+        shape = e.outs[0].type.shape
+        if fn.inputs or b.fn_name or self.padding is None or not shape or any(
+                isinstance(d, Poly) and d.symbols() & self.dynamic for d in shape[1:]):
+            return None  # (a relative bias of queries by keys: padding keeps distances)
+        return self.padded(shape[0])
 
     def _argument(self, b: Body, e: Eqn, v: _Val, real: bool) -> Expr:
         """A value passed to a module: integers cross as the spec's values; a per-batch
@@ -1708,11 +1784,28 @@ class Generator:
 
 
     def _along(self, b: Body, e: Eqn) -> frozenset[str]:
-        """The callee's sizes that run along the generated positions at this module use,
-        as the incremental analysis found them."""
-        if self.incremental is None:
-            return frozenset()
-        return self.incremental.along.get((b.fn_name, e.attrs["instance"]), frozenset())
+        """The callee's sizes that run along the generated (or padded) positions at this
+        module use, as the incremental (and padding) analysis found them."""
+        key = (b.fn_name, e.attrs["instance"])
+        out = frozenset()
+        if self.incremental is not None:
+            out |= self.incremental.along.get(key, frozenset())
+        if self.padding is not None:
+            out |= self.padding.along.get(key, frozenset())
+        return out
+
+    def start_name(self) -> str:
+        """What the model passes its layers and modules as `start`, where they read
+        positions: `start`, the first new position, or in a padded model the tokens'
+        positions (`at`: `start` without a mask, their ranks with one)."""
+        if self.padding is None:
+            return "start"
+        inc = self.incremental.length if self.incremental is not None else None
+        pads = [p for p in self.padding.inputs if (inc is None or p.length == inc) and
+                not p.explicit]
+        if len(pads) != 1:
+            return "start"
+        return self.positions_name(pads[0].input)
 
     # -- the layers
     def loop_lines(self, b: Body, e: Eqn, materialize: set[str]) -> list[Line]:
@@ -1743,7 +1836,8 @@ class Generator:
             lines.append(Line(Assign((py[outer],), List(())), "each layer's value, stacked below"))
         layer = Name("layer")
         call_args = [*outs, *args[nc:]]
-        layer_call = call(layer, *call_args, **{t: Name(t) for t in info["lengths"]})
+        layer_call = call(layer, *call_args, **{t: Name(self.start_name() if t == "start" else t)
+                                                for t in info["lengths"]})
         targets = (*outs, *(returned[i] for i in info["extra"]))
         lines.append(Line(For(layer, dotted(f"self.{info['attr']}")),
                           f"{self.layer_count(info)} layers"))
@@ -1788,10 +1882,20 @@ class Generator:
         body.spec_names = self._use_names(self.cfg.model.body)
         if self.incremental is not None:
             body.start = Name("start")
+        if self.padding is not None:
+            body.positions = Name(self.start_name())
+            if body.start is None:
+                body.start = Const(0)
         if model.params:
             body.real_dtype = dotted(f"self.{ident(model.params[0].name)}.dtype")
         args = []
+        pads = []  # Pad inputs: after the others, None by default; no equation reads them
+        explicit = {p.input for p in self.padding.inputs if p.explicit} if self.padding else set()
         for v in model.inputs:
+            if v.type.pad:  # (one its equations read is given: all ones without one)
+                pads.append(body.define_input(v.name, v.type, Layout(True, False, 1))
+                            if v.name in explicit else body.namer(v.name))
+                continue
             lo = v.type.lo if v.type.dtype == "int" else None
             args.append(body.define_input(v.name, v.type, Layout(True, v.type.family is not None,
                                                                  len(v.type.shape)), raw_lo=lo))
@@ -1821,19 +1925,23 @@ class Generator:
         outputs = [o.name for o in model.outputs]
         softmax_out = len(outputs) == 1 and body.vals[outputs[0]].producer is not None and \
             self.is_kind(body.vals[outputs[0]].producer, "softmax")
-        head = self._prologue(model, {v.name: body.vals[v.name].py for v in model.inputs})
+        head = self._prologue(model, {v.name: body.vals[v.name].py for v in model.inputs
+                                      if not v.type.pad})
+        optional = [f"{p}=None" for p in pads]
         if softmax_out:
             producer = body.vals[outputs[0]].producer
             logits_name = producer.ins[0].name
-            lines = head + body.emit([logits_name])
+            emitted = body.emit([logits_name])
+            lines = head + self._padding_lines(body, _paths(emitted)) + emitted
             lines.append(Line(Return(body.result(logits_name))))
-            logits = call("self.logits", *map(Name, args))
-            extra = [*fit(Def("forward", ("self", *args))),
+            logits = call("self.logits", *map(Name, args + pads))
+            extra = [*fit(Def("forward", ("self", *args, *optional))),
                      f'    """{model.outputs[0].name}: the probabilities, Softmax(logits)."""',
                      *fit(Return(call("torch.softmax", logits, dim=Const(-1))), 1)]
             method_name = "logits"
         else:
-            lines = head + body.emit(outputs)
+            emitted = body.emit(outputs)
+            lines = head + self._padding_lines(body, _paths(emitted)) + emitted
             # integer outputs are the spec's values, except an input returned as it came
             inputs = {v.name for v in model.inputs}
             lines.append(Line(Return(_values([
@@ -1846,9 +1954,9 @@ class Generator:
         if "device" not in _paths(rest):  # nothing made on the inputs' device
             lines = rest
         extra += self._signature_method(model)
-        forward_args = ["self"] + args
+        forward_args = ["self"] + args + optional
         if self.incremental is not None:
-            extra += self._step_methods(args, method_name)
+            extra += self._step_methods(args, pads, method_name)
             forward_args += ["*", "start=0"]
         view = ClassView(model_cls, self._model_doc(), ["config"], ["self.config = config"],
                          params, subs, forward_args, lines, kind="model",
@@ -1859,11 +1967,14 @@ class Generator:
 
     def _cache_sites(self) -> Expr:
         """The attentions step() keeps the keys and values of, layer by layer: a list."""
-        inc = self.incremental
+        return self._sites(self.incremental.sites)
+
+    def _sites(self, sites) -> Expr:
+        """Attention modules (passes/incremental.CacheSite), layer by layer: a list."""
         parts: list[Expr] = []
         layer, site = Name("layer"), Name("site")
-        for loop in sorted({s.loop for s in inc.sites}, key=lambda k: -1 if k is None else k):
-            paths = [".".join(ident(p) for p in s.path) for s in inc.sites if s.loop == loop]
+        for loop in sorted({s.loop for s in sites}, key=lambda k: -1 if k is None else k):
+            paths = [".".join(ident(p) for p in s.path) for s in sites if s.loop == loop]
             if loop is None:
                 parts.append(List(tuple(dotted(f"self.{p}") for p in paths)))
                 continue
@@ -1878,11 +1989,11 @@ class Generator:
             out = BinOp(out, "+", part)
         return out
 
-    def _step_methods(self, args: list[str], method: str) -> list[str]:
+    def _step_methods(self, args: list[str], pads: list[str], method: str) -> list[str]:
         """cache_sites() and step(): the incremental form, with the keys and values of the
         positions before this call's (see compiler/passes/incremental.py)."""
         what = "logits" if method == "logits" else "outputs"
-        result = call(f"self.{method}", *map(Name, args), start=Name("start"))
+        result = call(f"self.{method}", *map(Name, args + pads), start=Name("start"))
         present = Comp(dotted("site.cache"), ((Name("site"), Name("sites")),))
         q = '"""'
         return ["",
@@ -1891,13 +2002,14 @@ class Generator:
                 f"    `past`: layer by layer.{q}",
                 *fit(Return(self._cache_sites()), 1),
                 "",
-                *fit(Def("step", ("self", *args, "past=None"))),
+                *fit(Def("step", ("self", *args, *(f"{p}=None" for p in pads), "past=None"))),
                 f"    {q}The incremental form. The tokens are those at the positions after the P",
                 "    that `past` holds the keys and values of: one (key, value) pair per",
                 "    attention of cache_sites(), each (B, A, P, D); None when there are none",
                 f"    yet (the prefill form). Returns the {what} of the new positions and the",
                 "    present: the pairs extended by them (P + T positions), the next call's",
-                f"    `past`.{q}",
+                f"    `past`.{q}" if not pads else
+                f"    `past`. A padding mask covers the past's positions and the new ones.{q}",
                 "    sites = self.cache_sites()",
                 "    if past is not None and len(past) != len(sites):",
                 '        raise ValueError(f"past holds {len(past)} key/value pairs; the "',
@@ -1956,6 +2068,8 @@ class Generator:
         first = None
         lengths: set[str] = set()
         for v in model.inputs:
+            if v.name not in names:  # a padding mask: checked where it is read
+                continue
             x = Name(names[v.name])
             for k, d in enumerate(v.type.shape):
                 along = v.type.dtype != "real" or k < len(v.type.shape) - 1
@@ -1985,6 +2099,48 @@ class Generator:
             first = Name(names[model.inputs[0].name])
         if first is not None:
             lines.append(Line(Assign((Name("device"),), Attr(first, "device"))))
+        return lines
+
+    def _padding_lines(self, body: Body, read: set[str]) -> list[Line]:
+        """For each Pad input (passes/padding.py): the keys' padding, given to every
+        attention over its positions, and where the tokens are (`at`), where the lines
+        after read it (`read`)."""
+        lines: list[Line] = []
+        for p in self.padding.inputs if self.padding is not None else []:
+            mask = Name(body.namer(p.input))
+            T = Name(self.run_length[p.length])
+            if p.explicit:  # the spec's equations apply it: all ones where none is given
+                tokens = next(v for v in self.model.inputs if not v.type.pad and
+                              v.type.dtype == "int" and v.type.shape[-1:] == (
+                                  Poly.sym(p.length),))
+                lines.append(Line(If(Compare(mask, "is", Const(None))), "no padding"))
+                lines.append(Line(Assign((mask,), call("torch.ones_like", Name(
+                    body.vals[tokens.name].py))), depth=1))
+                continue
+            generated = self.incremental is not None and self.incremental.length == p.length
+            first = Name("start") if generated else Const(0)
+            width = BinOp(first, "+", T) if generated else T
+            given = Compare(mask, "is not", Const(None))
+            covers = Subscript(Attr(mask, "shape"), (Const(-1),))
+            lines.append(Line(If(given), "a padded batch: each row's tokens alone"))
+            lines.append(Line(Assert(Compare(covers, "==", width), (
+                FString((f"{p.input} covers ", covers, " positions; ")),
+                FString(("this call's are ", width)))), depth=1))
+            padding = Name("padding" if len(self.padding.inputs) == 1 else f"padding_{T.text}")
+            lines.append(Line(Assign((padding,), IfExp(
+                call("key_padding", mask, body.real_dtype), given, Const(None))),
+                "0 at a token, the lowest number at padding, (B, P + T)"))
+            if p.sites:
+                site, sites = Name("site"), Name("sites")
+                lines.append(Line(Assign((sites,), self._sites(p.sites))))
+                lines.append(Line(For(site, sites),
+                                  "each attention over these positions masks padding"))
+                lines.append(Line(Assign((Attr(site, "pad"),), padding), depth=1))
+            at = Name(self.positions_name(p.input))
+            if at.text in read:
+                lines.append(Line(Assign((at,), IfExp(call("token_positions", mask, T), given,
+                                                      first)),
+                                  "each token's position in its row without padding"))
         return lines
 
     def _length_check(self, T: Name, d: Poly, most: Expr) -> Line:
@@ -2238,7 +2394,10 @@ class Generator:
             uses_keeptopk=bool(re.search(r"(?<![\w.])keeptopk\(", text)),
             uses_moe=bool(re.search(r"(?<![\w.])moe\(", text)),
             uses_project=bool(re.search(r"(?<![\w.])project\(", text)),
-            uses_rotary=bool(re.search(r"(?<![\w.])rotary\(", text)))
+            uses_rotary=bool(re.search(r"(?<![\w.])rotary\(", text)),
+            uses_padding=self.padding is not None,
+            uses_positions=bool(re.search(r"(?<![\w.])token_positions\(", text)),
+            uses_rows_at=bool(re.search(r"(?<![\w.])rows_at\(", text)))
         source = template.render(**view, uses_math=True)
         if re.search(r"\bmath\.", source):
             return source

@@ -40,6 +40,38 @@ class Config:
         return 4 * self.H
 
 
+def key_padding(mask, dtype):
+    """A padded batch's keys as an additive mask, (B, P + T): 0 at a token, the dtype's
+    lowest number at padding (finite, so that a padded query, which sees no token, stays
+    a number; at a token's query the padding's weight is exactly 0)."""
+    low = torch.finfo(dtype).min
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(mask == 0, low)
+
+
+def with_padding(mask, padding, q):
+    """An attention's mask (None: none) plus a padded batch's keys (None: none), the
+    padding shaped to broadcast against q's scores: (B, 1, ..., 1, P + T)."""
+    if padding is None:
+        return mask
+    padding = padding.view(padding.shape[0], *[1] * (q.dim() - 2), padding.shape[-1])
+    return padding if mask is None else mask + padding
+
+
+def token_positions(mask, length):
+    """Each of the last `length` positions' rank among its row's tokens, (B, length): the
+    position it has in the row without its padding (0 at padding before the first token)."""
+    return (mask.long().cumsum(-1) - 1).clamp_(min=0)[:, mask.shape[-1] - length:]
+
+
+def rows_at(table, at, length):
+    """A table of positions read for this call: rows at .. at + length - 1 where `at` is
+    the first position (an int), or each token's own row where it is a padded batch's
+    positions (B, T), giving (B, T, ...)."""
+    if isinstance(at, torch.Tensor):
+        return table[at]
+    return table[at:at + length]
+
+
 # project() runs CPU float32 inference through whichever of two kernels multiplies by the
 # weight faster on this CPU: oneDNN's inner product or the default GEMM behind x @ w. The
 # winner depends on the processor (mostly oneDNN on an AMD EPYC, the GEMM on an Intel Xeon)
@@ -98,8 +130,11 @@ class Attention(nn.Module):
 
     def __init__(self):
         super().__init__()
+        self.pad = None  # a padded batch: its keys' padding, (B, P + T)
 
     def forward(self, Q, K, V):
+        if self.pad is not None:  # a padded batch: no query sees a key at padding
+            return sdpa(Q, K, V, attn_mask=with_padding(None, self.pad, Q))
         return sdpa(Q, K, V)  # no mask
 
 
@@ -147,7 +182,7 @@ class MH(nn.Module):
         nn.init.zeros_(self.b_O)
 
     def forward(self, X):
-        # (*, A, T, D)  bert.fgpt:36
+        # (*, A, T, D)  bert.fgpt:37
         head = self.Attention(
             (
                 project(X, self.W_Q.flatten(-2)).unflatten(-1, (self.A, -1)).movedim(-2, -3)
@@ -273,9 +308,9 @@ class BERTLayer(nn.Module):
         self.output_LayerNorm = LN(H=config.H, eps=config.eps)
 
     def forward(self, X_prev):
-        # (B, T, H)  bert.fgpt:112
+        # (B, T, H)  bert.fgpt:114
         Xp_l = self.attention_LayerNorm(self.attention(X_prev) + X_prev)
-        X_l = self.output_LayerNorm(self.ffn(Xp_l) + Xp_l)  # (B, T, H)  bert.fgpt:113
+        X_l = self.output_LayerNorm(self.ffn(Xp_l) + Xp_l)  # (B, T, H)  bert.fgpt:115
         return X_l
 
 
@@ -324,7 +359,8 @@ class BERT(nn.Module):
       expect params == V*H + n*H + 2*H + 2*H + L*(4*A*D*H + 4*H + 2*H*F + F + H + 4*H) +
           H*H + 3*H + V
 
-      input x: {1..V}^n, t: {0, 1}^n, j_masked: {1..n}
+      input x: {1..V}^n, t: {0, 1}^n,
+            attention_mask: Pad[n]   # 1 at a token, 0 at padding (attention_mask)
 
       param W_e: R[V, H]    # token embedding (word_embeddings), reused for the output
           (decoder)
@@ -339,7 +375,7 @@ class BERT(nn.Module):
         X^(l) = output_LayerNorm: LN(ffn: FF^GELU(X'^(l)) + X'^(l))
       }
 
-      output BERT = Softmax(transform: MLMTransform(X^(L)[j_masked, :]) @ W_e^T + b)
+      output BERT = Softmax(transform: MLMTransform(X^(L)) @ W_e^T + b)
 
       # The tensors of BertForMaskedLM / the public bert-*-uncased checkpoints. nn.Linear
           stores
@@ -409,30 +445,40 @@ class BERT(nn.Module):
         nn.init.normal_(self.W_t, std=0.02)
         nn.init.zeros_(self.b)
 
-    def logits(self, x, t, j_masked):
+    def logits(self, x, t, attention_mask=None):
         T = x.shape[1]  # this call's sequence length
         assert T <= self.config.n, (
             f"sequence of {T} tokens; "
             f"the model takes at most {self.config.n}"
         )
-        # (B, T, H)  bert.fgpt:109
+        if attention_mask is not None:  # a padded batch: each row's tokens alone
+            assert attention_mask.shape[-1] == T, (
+                f"attention_mask covers {attention_mask.shape[-1]} positions; "
+                f"this call's are {T}"
+            )
+        # 0 at a token, the lowest number at padding, (B, P + T)
+        padding = (
+            key_padding(attention_mask, self.W_e.dtype)
+            if attention_mask is not None
+            else None
+        )
+        sites = [layer.attention.Attention for layer in self.layers]
+        for site in sites:  # each attention over these positions masks padding
+            site.pad = padding
+        # each token's position in its row without padding
+        at = token_positions(attention_mask, T) if attention_mask is not None else 0
+        # (B, T, H)  bert.fgpt:111
         X_0 = self.embeddings_LayerNorm(
-            embedding(x, self.W_e) + self.W_p[:T] + embedding(t, self.W_t),
+            embedding(x, self.W_e) + rows_at(self.W_p, at, T) + embedding(t, self.W_t),
         )
         X_L = X_0
         for layer in self.layers:  # L layers
             X_L = layer(X_L)
-        return (
-            project(
-                self.transform(X_L[torch.arange(X_L.shape[0], device=X_L.device), j_masked, :]),
-                self.W_e.mT,
-            )
-            + self.b
-        )
+        return project(self.transform(X_L), self.W_e.mT) + self.b
 
-    def forward(self, x, t, j_masked):
+    def forward(self, x, t, attention_mask=None):
         """BERT: the probabilities, Softmax(logits)."""
-        return torch.softmax(self.logits(x, t, j_masked), dim=-1)
+        return torch.softmax(self.logits(x, t, attention_mask), dim=-1)
 
     def signature(self):
         """Inputs (with their dims: the batch, run lengths) and outputs in order,
@@ -446,10 +492,10 @@ class BERT(nn.Module):
                  "hi": self.config.V, "zero_based": True, "perm": False},
                 {"name": "t", "dtype": "int", "dims": ["batch", "T"], "lo": 0, "hi": 1,
                  "zero_based": True, "perm": False},
-                {"name": "j_masked", "dtype": "int", "dims": ["batch"], "lo": 1,
-                 "hi": self.config.n, "hi_run": "T", "zero_based": True, "perm": False},
+                {"name": "attention_mask", "dtype": "int", "dims": ["batch", "T"], "lo": 0,
+                 "hi": 1, "zero_based": False, "perm": False, "pad": True},
             ],
-            "outputs": [{"name": "BERT", "dtype": "real", "dims": ["batch", self.config.V]}],
+            "outputs": [{"name": "BERT", "dtype": "real", "dims": ["batch", "T", self.config.V]}],
             "logits": {"name": "logits", "of": "BERT"},
             "state": {},
             "max_length": {"T": self.config.n},

@@ -47,6 +47,38 @@ def causal_mask(rows, cols, device=None):
     return torch.triu(full, diagonal=cols - rows + 1)
 
 
+def key_padding(mask, dtype):
+    """A padded batch's keys as an additive mask, (B, P + T): 0 at a token, the dtype's
+    lowest number at padding (finite, so that a padded query, which sees no token, stays
+    a number; at a token's query the padding's weight is exactly 0)."""
+    low = torch.finfo(dtype).min
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(mask == 0, low)
+
+
+def with_padding(mask, padding, q):
+    """An attention's mask (None: none) plus a padded batch's keys (None: none), the
+    padding shaped to broadcast against q's scores: (B, 1, ..., 1, P + T)."""
+    if padding is None:
+        return mask
+    padding = padding.view(padding.shape[0], *[1] * (q.dim() - 2), padding.shape[-1])
+    return padding if mask is None else mask + padding
+
+
+def token_positions(mask, length):
+    """Each of the last `length` positions' rank among its row's tokens, (B, length): the
+    position it has in the row without its padding (0 at padding before the first token)."""
+    return (mask.long().cumsum(-1) - 1).clamp_(min=0)[:, mask.shape[-1] - length:]
+
+
+def rows_at(table, at, length):
+    """A table of positions read for this call: rows at .. at + length - 1 where `at` is
+    the first position (an int), or each token's own row where it is a padded batch's
+    positions (B, T), giving (B, T, ...)."""
+    if isinstance(at, torch.Tensor):
+        return table[at]
+    return table[at:at + length]
+
+
 # project() runs CPU float32 inference through whichever of two kernels multiplies by the
 # weight faster on this CPU: oneDNN's inner product or the default GEMM behind x @ w. The
 # winner depends on the processor (mostly oneDNN on an AMD EPYC, the GEMM on an Intel Xeon)
@@ -131,6 +163,7 @@ class Attention(nn.Module):
     def __init__(self):
         super().__init__()
         self.cache = None  # step(): keys and values, (B, A, P, D) each
+        self.pad = None  # a padded batch: its keys' padding, (B, P + T)
 
     def forward(self, Q, K, V):
         if self.cache is not None:  # step(): the earlier positions' keys first
@@ -138,6 +171,17 @@ class Attention(nn.Module):
                 K = torch.cat([self.cache[0], K], dim=-2)
                 V = torch.cat([self.cache[1], V], dim=-2)
             self.cache = (K, V)
+        if self.pad is not None:  # a padded batch: no query sees a key at padding
+            return sdpa(
+                Q,
+                K,
+                V,
+                attn_mask=with_padding(
+                    causal_mask(Q.shape[-2], K.shape[-2], Q.device).to(Q.dtype),
+                    self.pad,
+                    Q,
+                ),
+            )
         if Q.shape[-2] == K.shape[-2]:
             return sdpa(Q, K, V, is_causal=True)  # Mask^AR
         if Q.shape[-2] == 1:  # the newest position sees every key
@@ -266,8 +310,8 @@ class GPT2Layer(nn.Module):
         self.mlp = FF_GELU(F=config.F, H=config.H)
 
     def forward(self, H_prev):
-        Hhat_l = self.attn(self.ln_1(H_prev)) + H_prev  # (B, T, H)  gpt2.fgpt:102
-        H_l = self.mlp(self.ln_2(Hhat_l)) + Hhat_l  # (B, T, H)  gpt2.fgpt:103
+        Hhat_l = self.attn(self.ln_1(H_prev)) + H_prev  # (B, T, H)  gpt2.fgpt:103
+        H_l = self.mlp(self.ln_2(Hhat_l)) + Hhat_l  # (B, T, H)  gpt2.fgpt:104
         return H_l
 
 
@@ -326,7 +370,8 @@ class GPT2(nn.Module):
           to the formal count
       expect params == V*H + n*H + L*(4*A*D*H + 4*H + 2*H*F + F + H + 4*H) + 2*H
 
-      input x: {1..V}^n
+      input x: {1..V}^n,
+            attention_mask: Pad[n]   # 1 at a token, 0 at padding (attention_mask)
 
       param W_e: R[V, H]    # token embedding (wte), reused for the output (lm_head)
       param W_p: R[n, H]    # learned positions (wpe)
@@ -388,22 +433,38 @@ class GPT2(nn.Module):
         nn.init.normal_(self.W_e, std=0.02)
         nn.init.normal_(self.W_p, std=0.02)
 
-    def logits(self, x, *, start=0):
+    def logits(self, x, attention_mask=None, *, start=0):
         T = x.shape[1]  # this call's sequence length
         assert start + T <= self.config.n, (
             f"positions up to {start + T}; "
             f"the model takes at most {self.config.n}"
         )
-        H_0 = embedding(x, self.W_e) + self.W_p[start:start + T]  # (B, T, H)  gpt2.fgpt:99
+        if attention_mask is not None:  # a padded batch: each row's tokens alone
+            assert attention_mask.shape[-1] == start + T, (
+                f"attention_mask covers {attention_mask.shape[-1]} positions; "
+                f"this call's are {start + T}"
+            )
+        # 0 at a token, the lowest number at padding, (B, P + T)
+        padding = (
+            key_padding(attention_mask, self.W_e.dtype)
+            if attention_mask is not None
+            else None
+        )
+        sites = [layer.attn.Attention for layer in self.layers]
+        for site in sites:  # each attention over these positions masks padding
+            site.pad = padding
+        # each token's position in its row without padding
+        at = token_positions(attention_mask, T) if attention_mask is not None else start
+        H_0 = embedding(x, self.W_e) + rows_at(self.W_p, at, T)  # (B, T, H)  gpt2.fgpt:100
         H_L = H_0
         for layer in self.layers:  # L layers
             H_L = layer(H_L)
-        Hf = self.ln_f(H_L)  # (B, T, H)  gpt2.fgpt:106
+        Hf = self.ln_f(H_L)  # (B, T, H)  gpt2.fgpt:107
         return project(Hf, self.W_e.mT)
 
-    def forward(self, x):
+    def forward(self, x, attention_mask=None):
         """GPT: the probabilities, Softmax(logits)."""
-        return torch.softmax(self.logits(x), dim=-1)
+        return torch.softmax(self.logits(x, attention_mask), dim=-1)
 
     def signature(self):
         """Inputs (with their dims: the batch, run lengths) and outputs in order,
@@ -415,6 +476,8 @@ class GPT2(nn.Module):
             "inputs": [
                 {"name": "x", "dtype": "int", "dims": ["batch", "T"], "lo": 1,
                  "hi": self.config.V, "zero_based": True, "perm": False},
+                {"name": "attention_mask", "dtype": "int", "dims": ["batch", "T"], "lo": 0,
+                 "hi": 1, "zero_based": False, "perm": False, "pad": True},
             ],
             "outputs": [{"name": "GPT", "dtype": "real", "dims": ["batch", "T", self.config.V]}],
             "logits": {"name": "logits", "of": "GPT"},
@@ -440,13 +503,13 @@ class GPT2(nn.Module):
         `past`: layer by layer."""
         return [layer.attn.Attention for layer in self.layers]
 
-    def step(self, x, past=None):
+    def step(self, x, attention_mask=None, past=None):
         """The incremental form. The tokens are those at the positions after the P
         that `past` holds the keys and values of: one (key, value) pair per
         attention of cache_sites(), each (B, A, P, D); None when there are none
         yet (the prefill form). Returns the logits of the new positions and the
         present: the pairs extended by them (P + T positions), the next call's
-        `past`."""
+        `past`. A padding mask covers the past's positions and the new ones."""
         sites = self.cache_sites()
         if past is not None and len(past) != len(sites):
             raise ValueError(f"past holds {len(past)} key/value pairs; the "
@@ -455,7 +518,7 @@ class GPT2(nn.Module):
         for site, kv in zip(sites, past or [()] * len(sites)):
             site.cache = kv
         try:
-            return self.logits(x, start=start), [site.cache for site in sites]
+            return self.logits(x, attention_mask, start=start), [site.cache for site in sites]
         finally:
             for site in sites:
                 site.cache = None

@@ -48,6 +48,38 @@ def causal_mask(rows, cols, device=None):
     return torch.triu(full, diagonal=cols - rows + 1)
 
 
+def key_padding(mask, dtype):
+    """A padded batch's keys as an additive mask, (B, P + T): 0 at a token, the dtype's
+    lowest number at padding (finite, so that a padded query, which sees no token, stays
+    a number; at a token's query the padding's weight is exactly 0)."""
+    low = torch.finfo(dtype).min
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(mask == 0, low)
+
+
+def with_padding(mask, padding, q):
+    """An attention's mask (None: none) plus a padded batch's keys (None: none), the
+    padding shaped to broadcast against q's scores: (B, 1, ..., 1, P + T)."""
+    if padding is None:
+        return mask
+    padding = padding.view(padding.shape[0], *[1] * (q.dim() - 2), padding.shape[-1])
+    return padding if mask is None else mask + padding
+
+
+def token_positions(mask, length):
+    """Each of the last `length` positions' rank among its row's tokens, (B, length): the
+    position it has in the row without its padding (0 at padding before the first token)."""
+    return (mask.long().cumsum(-1) - 1).clamp_(min=0)[:, mask.shape[-1] - length:]
+
+
+def rows_at(table, at, length):
+    """A table of positions read for this call: rows at .. at + length - 1 where `at` is
+    the first position (an int), or each token's own row where it is a padded batch's
+    positions (B, T), giving (B, T, ...)."""
+    if isinstance(at, torch.Tensor):
+        return table[at]
+    return table[at:at + length]
+
+
 # project() runs CPU float32 inference through whichever of two kernels multiplies by the
 # weight faster on this CPU: oneDNN's inner product or the default GEMM behind x @ w. The
 # winner depends on the processor (mostly oneDNN on an AMD EPYC, the GEMM on an Intel Xeon)
@@ -108,6 +140,7 @@ class Attention(nn.Module):
         super().__init__()
         self.causal = causal  # this use is given Mask^AR (else Mask^BD)
         self.cache = None  # step(): keys and values, (B, A, P, D) each
+        self.pad = None  # a padded batch: its keys' padding, (B, P + T)
 
     def forward(self, Q, K, V):
         if self.cache is not None:  # step(): the earlier positions' keys first
@@ -115,6 +148,21 @@ class Attention(nn.Module):
                 K = torch.cat([self.cache[0], K], dim=-2)
                 V = torch.cat([self.cache[1], V], dim=-2)
             self.cache = (K, V)
+        if self.pad is not None:  # a padded batch: no query sees a key at padding
+            return sdpa(
+                Q,
+                K,
+                V,
+                attn_mask=with_padding(
+                    (
+                        causal_mask(Q.shape[-2], K.shape[-2], Q.device).to(Q.dtype)
+                        if self.causal
+                        else None
+                    ),
+                    self.pad,
+                    Q,
+                ),
+            )
         if self.causal:  # this use is given Mask^AR
             if Q.shape[-2] == K.shape[-2]:
                 return sdpa(Q, K, V, is_causal=True)  # Mask^AR
@@ -341,9 +389,9 @@ class TransformerLayer(nn.Module):
         self.enc_norm2 = LN(H=config.H, eps=config.eps)
 
     def forward(self, X_prev):
-        # (B, T_n, H)  transformer.fgpt:116
+        # (B, T_n, H)  transformer.fgpt:117
         Xa_l = self.enc_norm1(self.enc_self_attn(X_prev) + X_prev)
-        X_l = self.enc_norm2(self.enc_ff(Xa_l) + Xa_l)  # (B, T_n, H)  transformer.fgpt:117
+        X_l = self.enc_norm2(self.enc_ff(Xa_l) + Xa_l)  # (B, T_n, H)  transformer.fgpt:118
         return X_l
 
 
@@ -363,11 +411,11 @@ class TransformerLayer2(nn.Module):
         self.dec_norm3 = LN(H=config.H, eps=config.eps)
 
     def forward(self, Y_prev, Z):
-        # (B, T_m, H)  transformer.fgpt:123
-        Ya_l = self.dec_norm1(self.dec_self_attn(Y_prev) + Y_prev)
         # (B, T_m, H)  transformer.fgpt:124
+        Ya_l = self.dec_norm1(self.dec_self_attn(Y_prev) + Y_prev)
+        # (B, T_m, H)  transformer.fgpt:125
         Yb_l = self.dec_norm2(self.dec_cross_attn(Ya_l, Z, Z) + Ya_l)
-        Y_l = self.dec_norm3(self.dec_ff(Yb_l) + Yb_l)  # (B, T_m, H)  transformer.fgpt:125
+        Y_l = self.dec_norm3(self.dec_ff(Yb_l) + Yb_l)  # (B, T_m, H)  transformer.fgpt:126
         return Y_l
 
 
@@ -401,7 +449,8 @@ class Transformer(nn.Module):
       expect params == V*H + L*(4*A*D*H + 4*H + 2*H*F + F + H + 4*H) + 2*H
                            + L*(8*A*D*H + 8*H + 2*H*F + F + H + 6*H) + 2*H
 
-      input x: {1..V}^n      # source tokens
+      input x: {1..V}^n,     # source tokens
+            attention_mask: Pad[n]   # 1 at a source token, 0 at padding
       input y: {1..V}^m      # target tokens, shifted right
 
       param W_e: R[V, H]     # shared by both embeddings and the output (embedding.weight)
@@ -517,7 +566,7 @@ class Transformer(nn.Module):
     def reset_parameters(self):
         nn.init.normal_(self.W_e, std=0.02)
 
-    def logits(self, x, y, *, start=0):
+    def logits(self, x, y, attention_mask=None, *, start=0):
         T_n = x.shape[1]  # the length of x in this call
         assert T_n <= self.config.n, (
             f"sequence of {T_n} tokens; "
@@ -529,16 +578,39 @@ class Transformer(nn.Module):
             f"the model takes at most {self.config.m}"
         )
         device = x.device
-        # (B, T_n, H)  transformer.fgpt:114
+        if attention_mask is not None:  # a padded batch: each row's tokens alone
+            assert attention_mask.shape[-1] == T_n, (
+                f"attention_mask covers {attention_mask.shape[-1]} positions; "
+                f"this call's are {T_n}"
+            )
+        # 0 at a token, the lowest number at padding, (B, P + T)
+        padding = (
+            key_padding(attention_mask, self.W_e.dtype)
+            if attention_mask is not None
+            else None
+        )
+        sites = (
+            [layer.enc_self_attn.Attention for layer in self.layers]
+            + [layer.dec_cross_attn.Attention for layer in self.layers2]
+        )
+        for site in sites:  # each attention over these positions masks padding
+            site.pad = padding
+        # each token's position in its row without padding
+        at_T_n = token_positions(attention_mask, T_n) if attention_mask is not None else 0
+        # (B, T_n, H)  transformer.fgpt:115
         X_0 = (
             embedding(x, self.W_e) * math.sqrt(self.config.H)
-            + self.Sinusoid_1(K=T_n, H=self.config.H, device=device, dtype=self.W_e.dtype)
+            + rows_at(
+                self.Sinusoid_1(K=T_n, H=self.config.H, device=device, dtype=self.W_e.dtype),
+                at_T_n,
+                T_n,
+            )
         )
         X_L = X_0
         for layer in self.layers:  # L layers
             X_L = layer(X_L)
-        Z = self.encoder_norm(X_L)  # (B, T_n, H)  transformer.fgpt:119
-        # (B, T_m, H)  transformer.fgpt:121
+        Z = self.encoder_norm(X_L)  # (B, T_n, H)  transformer.fgpt:120
+        # (B, T_m, H)  transformer.fgpt:122
         Y_0 = (
             embedding(y, self.W_e) * math.sqrt(self.config.H)
             + self.Sinusoid_2(
@@ -551,12 +623,12 @@ class Transformer(nn.Module):
         Y_L = Y_0
         for layer in self.layers2:  # L layers
             Y_L = layer(Y_L, Z)
-        Yf = self.decoder_norm(Y_L)  # (B, T_m, H)  transformer.fgpt:127
+        Yf = self.decoder_norm(Y_L)  # (B, T_m, H)  transformer.fgpt:128
         return project(Yf, self.W_e.mT)
 
-    def forward(self, x, y):
+    def forward(self, x, y, attention_mask=None):
         """probs: the probabilities, Softmax(logits)."""
-        return torch.softmax(self.logits(x, y), dim=-1)
+        return torch.softmax(self.logits(x, y, attention_mask), dim=-1)
 
     def signature(self):
         """Inputs (with their dims: the batch, run lengths) and outputs in order,
@@ -570,6 +642,8 @@ class Transformer(nn.Module):
                  "hi": self.config.V, "zero_based": True, "perm": False},
                 {"name": "y", "dtype": "int", "dims": ["batch", "T_m"], "lo": 1,
                  "hi": self.config.V, "zero_based": True, "perm": False},
+                {"name": "attention_mask", "dtype": "int", "dims": ["batch", "T_n"], "lo": 0,
+                 "hi": 1, "zero_based": False, "perm": False, "pad": True},
             ],
             "outputs": [
                 {"name": "probs", "dtype": "real", "dims": ["batch", "T_m", self.config.V]},
@@ -597,13 +671,13 @@ class Transformer(nn.Module):
         `past`: layer by layer."""
         return [layer.dec_self_attn.Attention for layer in self.layers2]
 
-    def step(self, x, y, past=None):
+    def step(self, x, y, attention_mask=None, past=None):
         """The incremental form. The tokens are those at the positions after the P
         that `past` holds the keys and values of: one (key, value) pair per
         attention of cache_sites(), each (B, A, P, D); None when there are none
         yet (the prefill form). Returns the logits of the new positions and the
         present: the pairs extended by them (P + T positions), the next call's
-        `past`."""
+        `past`. A padding mask covers the past's positions and the new ones."""
         sites = self.cache_sites()
         if past is not None and len(past) != len(sites):
             raise ValueError(f"past holds {len(past)} key/value pairs; the "
@@ -612,7 +686,7 @@ class Transformer(nn.Module):
         for site, kv in zip(sites, past or [()] * len(sites)):
             site.cache = kv
         try:
-            return self.logits(x, y, start=start), [site.cache for site in sites]
+            return self.logits(x, y, attention_mask, start=start), [site.cache for site in sites]
         finally:
             for site in sites:
                 site.cache = None
