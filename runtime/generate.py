@@ -66,9 +66,9 @@ class Sampler:
 
     def __call__(self, logits: np.ndarray) -> np.ndarray:
         """One id per row of `logits` [batch, vocabulary]."""
+        if self.greedy:  # (the same id in the logits' own type)
+            return np.asarray(logits).argmax(-1)
         z = np.asarray(logits, dtype=np.float64)
-        if self.greedy:
-            return z.argmax(-1)
         z = z / self.temperature
         if self.top_k is not None and self.top_k < z.shape[-1]:
             kth = np.partition(z, -self.top_k, axis=-1)[:, -self.top_k][:, None]

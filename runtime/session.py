@@ -176,6 +176,10 @@ class Model:
         opts = ort.SessionOptions()
         if threads:
             opts.intra_op_num_threads = threads
+        # the nodes run one after another (ORT_SEQUENTIAL, the default): an inter-op pool
+        # would only keep threads waiting beside the intra-op ones (6-9 % of a decoding
+        # step on 2 cores, measured), as onnxruntime-genai leaves it at 1 too
+        opts.inter_op_num_threads = 1
         self.cached = False
         entry = None
         if not optimize:

@@ -469,3 +469,12 @@ def test_a_fixed_position_of_padded_values_is_refused(tmp_path):
     assert r.returncode == 1
     assert "a fixed position of values along padded positions" in r.stderr
     assert "padded.fgpt:5:" in r.stderr
+
+
+def test_a_table_of_positions_along_its_second_axis_is_refused(tmp_path):
+    """A padded batch reads each token's row: the positions go first."""
+    path = _spec(tmp_path, "  input x: {1..V}^n, m: Pad[n]\n  param W: R[V, H], P: R[H, n]\n"
+                           "  output Y = OneHot(x) @ W + P^T\n")
+    r = fgc("check", str(path))
+    assert r.returncode == 1
+    assert "runs along the positions on an axis other than its first" in r.stderr

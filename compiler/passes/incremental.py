@@ -191,10 +191,15 @@ class _Walk:
         types.update((p.name, p.type) for p in m.params)
         top = _Scope({self.g}, {}, (), None, types)
         for p in m.params:
-            if len(self.axes(p.type, top, p.span or m.span)) > 1:
+            axes = self.axes(p.type, top, p.span or m.span)
+            if len(axes) > 1:
                 # a step reads the rows of the new positions, not the columns of the past
                 self.fail(f"parameter `{p.name}` is sized by the positions along two axes",
                           p.span or m.span)
+            elif self.padded and axes and (axes != [0] or p.type.family is not None):
+                # (a padded batch reads each token's row of a table of positions)
+                self.fail(f"parameter `{p.name}` runs along the positions on an axis other "
+                          "than its first", p.span or m.span)
         for v in m.inputs:
             if v.type.dtype != "int" and self.axes(v.type, top, m.span) and not self.padded:
                 self.fail(f"input `{v.name}` runs along the generated positions; a step "

@@ -873,28 +873,34 @@ class Lowerer:
         the tables given in it."""
         key = ("rotary", r, str(rows), whole)
         if key not in self.shared_tables:
-            label = "rotary"
             first = Poly.const(0) if whole else self.from_past(rows)
-            positions = self.g.op("Range", [self.scalar_size(first),
-                                            self.scalar_size(first + rows),
-                                            self.g.const(1, "int")], f"{label}/positions")
-            positions = self.g.op("Unsqueeze", [self.g.op(
-                "Cast", [positions], f"{label}/positions", to=self.g.types["float32"]),
-                self.g.ints([1])], f"{label}/positions")
+            self.shared_tables[key] = self._angle_tables(
+                r, self.scalar_size(first), self.scalar_size(first + rows), dim_text(rows))
+        return self.shared_tables[key]
+
+    def _angle_tables(self, r: Rotary, first: str, end: str, rows) -> tuple[str, str]:
+        """Cosines and sines of positions first .. end - 1 (int64 scalars), float32 angles."""
+        label = "rotary"
+        positions = self.g.op("Range", [first, end, self.g.const(1, "int")],
+                              f"{label}/positions")
+        positions = self.g.op("Unsqueeze", [self.g.op(
+            "Cast", [positions], f"{label}/positions", to=self.g.types["float32"]),
+            self.g.ints([1])], f"{label}/positions")
+        if ("frequencies", r) not in self.shared_tables:
             what = f"RoPE's frequencies: width {r.width}, theta {r.theta:g}" + (
                 f", {r.scaling} scaling {list(r.factors)}" if r.factors else "")
-            f = self.g.initializer(f"{label}/frequencies", frequencies(r), what,
-                                   convert=False)
-            angles = self.g.op("Mul", [positions, f], f"{label}/angles")
-            tables = (self.g.op("Cos", [angles], f"{label}/cos"),
-                      self.g.op("Sin", [angles], f"{label}/sin"))
-            if self.precision.half:
-                tables = tuple(self.g.op("Cast", [t], t, to=self.g.types["real"])
-                               for t in tables)
-            for t in tables:
-                self.g.info(t, "real", [dim_text(rows), r.width // 2])
-            self.shared_tables[key] = tables
-        return self.shared_tables[key]
+            self.shared_tables[("frequencies", r)] = self.g.initializer(
+                f"{label}/frequencies", frequencies(r), what, convert=False)
+        angles = self.g.op("Mul", [positions, self.shared_tables[("frequencies", r)]],
+                           f"{label}/angles")
+        tables = (self.g.op("Cos", [angles], f"{label}/cos"),
+                  self.g.op("Sin", [angles], f"{label}/sin"))
+        if self.precision.half:
+            tables = tuple(self.g.op("Cast", [t], t, to=self.g.types["real"])
+                           for t in tables)
+        for t in tables:
+            self.g.info(t, "real", [rows, r.width // 2])
+        return tables
 
     def softmax(self, x: str, label: str, axis: int = -1) -> str:
         """Softmax along `axis`, accumulated in float32 whatever the model's precision: a
@@ -2076,9 +2082,12 @@ def _ort_group_attention(lw: Lowerer, q: V, k: V, v: V, scale: float | None,
     rotation (its rotary
     operators made them), it turns them itself (`do_rotary`, the tables from position 0:
     it reads each row's by position, the past's length on). A padded batch's keys are
-    its `attention_bias`, and its rotations stay the rotary operators' (which read each
-    token's position; the kernel's own would count padding). None where its kernel does
-    not apply (a head width not a multiple of 8; queries and keys of different lengths)."""
+    its `attention_bias`. Turning them itself, it counts positions in the padded row, not
+    among the row's tokens, where the rotary operators would: RoPE's scores depend on the
+    distance between a query and a key alone, which padding at the ends keeps, so the
+    attention is each row's alone all the same (to float32 rounding); the keys it caches
+    are turned so, and only this graph reads them. None where its kernel does not apply
+    (a head width not a multiple of 8; queries and keys of different lengths)."""
     past = k.kind == "cache" and v.kind == "cache"
     if past:
         (pk, kn, rk), (pv, vn, rv) = k.lazy, v.lazy
@@ -2092,7 +2101,7 @@ def _ort_group_attention(lw: Lowerer, q: V, k: V, v: V, scale: float | None,
         return None
     xq, xk = lw.packed_form(q), lw.packed_form(kn)
     rq, rk_ = lw.turned.get(xq), lw.turned.get(xk)
-    rot = rq[1] if rq and rk_ and rq[1] == rk_[1] and padding is None else None
+    rot = rq[1] if rq and rk_ and rq[1] == rk_[1] else None
     if rot is not None and (d % 16 or rot.width // 2 % 8 or rot.width > d):
         rot = None  # its rotation's tables: a multiple of 8 wide, half the head at most
     if rot is not None:
@@ -2121,10 +2130,18 @@ def _ort_group_attention(lw: Lowerer, q: V, k: V, v: V, scale: float | None,
     attrs = {"num_heads": _int(q.fam.size), "kv_num_heads": _int(kn.fam.size),
              "scale": scale}
     if rot is not None:
-        inputs += list(lw.rotary_tables(rot, total, whole=True))
+        inputs += list(lw.rotary_tables(rot, total, whole=True)) + [""]
+    else:
+        inputs += ["", "", ""]
+    if rot is not None:
         attrs.update(do_rotary=1, rotary_interleaved=1 if rot.interleaved else 0)
-    if padding is not None:  # (batch, 1, T, P + T)
-        inputs += ["", "", "", lw.align(padding, (lw.batch, q.fam), 2)]
+    if padding is not None:  # (batch, 1, T, P + T), made once for every layer
+        bias = ("gqa bias", padding.name)
+        if bias not in lw.shared_tables:
+            lw.shared_tables[bias] = lw.align(padding, (lw.batch, q.fam), 2)
+        inputs.append(lw.shared_tables[bias])
+    while inputs[-1] == "":
+        inputs.pop()
     outs = lw.g.node("GroupQueryAttention", inputs, path, 3, domain=ORT_DOMAIN, **attrs)
     if past:
         # its kernel takes several new positions after a past at batch 1 only: the runtime

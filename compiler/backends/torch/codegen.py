@@ -524,7 +524,7 @@ class Body:
                 end = py_poly(d, self.sym)
                 pad = self.gen.padded(d)
                 if pad is not None:  # each token's row (a padded batch), or rows from `at`
-                    if k != 0 or len(t.shape) < 1 or self.fn_name:
+                    if k != 0 or self.fn_name:
                         raise Unsupported("a padded table of positions along an axis other "
                                           "than its first")
                     return call("rows_at", expr, Name(self.gen.positions_name(pad)), end)
@@ -1361,8 +1361,15 @@ class Generator:
             self.incremental = derive(cfg.model, cfg.functions)  # on the elaborated IR
         except NotIncremental:
             self.incremental = None
-        # where a padded batch masks keys and reads positions at the tokens' ranks
+        # where a padded batch masks keys and reads positions at the tokens' ranks; None
+        # where no Pad input is fgc's to apply (a spec that reads its own applies it)
         self.padding = padding.derive(cfg.model, cfg.functions)
+        if self.padding is not None and all(p.explicit for p in self.padding.inputs):
+            self.explicit = {p.input for p in self.padding.inputs}
+            self.padding = None
+        else:
+            self.explicit = {p.input for p in self.padding.inputs if p.explicit} \
+                if self.padding is not None else set()
         # attention modules some use gives grouped keys and values (lowering/families.py)
         bodies = [fn.eqns for fn in self.functions.values()] + [
             item.body if isinstance(item, ir.Loop) else [item] for item in self.model.body]
@@ -1889,12 +1896,11 @@ class Generator:
         if model.params:
             body.real_dtype = dotted(f"self.{ident(model.params[0].name)}.dtype")
         args = []
-        pads = []  # Pad inputs: after the others, None by default; no equation reads them
-        explicit = {p.input for p in self.padding.inputs if p.explicit} if self.padding else set()
+        pads = []  # Pad inputs: after the others, None by default
         for v in model.inputs:
-            if v.type.pad:  # (one its equations read is given: all ones without one)
+            if v.type.pad:  # (one the equations read is theirs: all ones without one)
                 pads.append(body.define_input(v.name, v.type, Layout(True, False, 1))
-                            if v.name in explicit else body.namer(v.name))
+                            if v.name in self.explicit else body.namer(v.name))
                 continue
             lo = v.type.lo if v.type.dtype == "int" else None
             args.append(body.define_input(v.name, v.type, Layout(True, v.type.family is not None,
@@ -2106,17 +2112,19 @@ class Generator:
         attention over its positions, and where the tokens are (`at`), where the lines
         after read it (`read`)."""
         lines: list[Line] = []
-        for p in self.padding.inputs if self.padding is not None else []:
-            mask = Name(body.namer(p.input))
-            T = Name(self.run_length[p.length])
-            if p.explicit:  # the spec's equations apply it: all ones where none is given
-                tokens = next(v for v in self.model.inputs if not v.type.pad and
-                              v.type.dtype == "int" and v.type.shape[-1:] == (
-                                  Poly.sym(p.length),))
+        for v in self.model.inputs:
+            if v.name in self.explicit:  # the equations apply it: all ones where none is given
+                mask = Name(body.namer(v.name))
+                tokens = next(x for x in self.model.inputs if not x.type.pad and
+                              x.type.dtype == "int" and x.type.shape == v.type.shape)
                 lines.append(Line(If(Compare(mask, "is", Const(None))), "no padding"))
                 lines.append(Line(Assign((mask,), call("torch.ones_like", Name(
                     body.vals[tokens.name].py))), depth=1))
+        for p in self.padding.inputs if self.padding is not None else []:
+            if p.explicit:
                 continue
+            mask = Name(body.namer(p.input))
+            T = Name(self.run_length[p.length])
             generated = self.incremental is not None and self.incremental.length == p.length
             first = Name("start") if generated else Const(0)
             width = BinOp(first, "+", T) if generated else T
