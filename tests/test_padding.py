@@ -5,8 +5,8 @@ initialised transformers models (odd sizes: head widths other than 64, G not div
 evenly by 2, a window shorter than the run) are saved under their own tensor names and
 compiled with `--weights` to PyTorch, ONNX and ONNX `--optimize ort`; a batch of sequences of
 different lengths, padded, gives at every token what the sequence run alone gives
-(transformers, unpadded) to 1e-5: encoders padded on the right and on the left, decoders
-on the left (positions count each row's tokens, as transformers' generate derives
+(transformers, unpadded) to 1e-5: encoders padded on the right and on the left, every
+released decoder on the left (positions count each row's tokens, as transformers' generate derives
 position_ids from the mask). Generation from prompts of different lengths gives each row
 what its prompt gives alone, greedy and sampling, and transformers' left-padded `generate`
 ids. XLNet, whose attention its spec writes out, adds the mask to its own masks. Then the
@@ -238,6 +238,46 @@ def test_left_padded_decoder_rows_equal_each_sequence_alone(decoder, target):
                  for b in range(len(LENGTHS))]
     got = _outputs(out[target], target, {"x": ids, "attention_mask": mask}, "logits")
     _assert_rows(got, mask, alone, f"{spec} {target}")
+
+
+def _others():
+    """The other released decoders, tiny: (class, config)."""
+    T = transformers
+    small = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
+                 intermediate_size=80, vocab_size=100, max_position_embeddings=40)
+    return {
+        "gpt1": (T.OpenAIGPTLMHeadModel, T.OpenAIGPTConfig(
+            n_layer=2, n_embd=48, n_head=3, vocab_size=100, n_positions=40)),
+        "qwen2": (T.Qwen2ForCausalLM, T.Qwen2Config(num_key_value_heads=2, **small)),
+        "qwen3": (T.Qwen3ForCausalLM, T.Qwen3Config(num_key_value_heads=2, head_dim=16,
+                                                    **small)),
+        "gemma": (T.GemmaForCausalLM, T.GemmaConfig(num_key_value_heads=1, head_dim=16,
+                                                    **small)),
+        "phi3": (T.Phi3ForCausalLM, T.Phi3Config(num_key_value_heads=4, pad_token_id=0,
+                                                 **small)),
+        "gpt_neox": (T.GPTNeoXForCausalLM, T.GPTNeoXConfig(rotary_pct=0.5, **small)),
+        "mixtral": (T.MixtralForCausalLM, T.MixtralConfig(
+            num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, **small)),
+    }
+
+
+@pytest.mark.parametrize("spec", ["gpt1", "qwen2", "qwen3", "gemma", "phi3", "gpt_neox",
+                                  "mixtral"])
+def test_every_released_decoder_padded_on_the_left(spec, tmp_path):
+    """The other released decoders (GPT-NeoX's partial rotary, Gemma's scaled embedding,
+    Qwen3's per-head norms, Phi-3's fused products, Mixtral's experts) in every target."""
+    cls, cfg = _others()[spec]
+    torch.manual_seed(4)
+    ref = cls(cfg).eval()
+    peaked_weights(ref)
+    out = _compile(spec, _save(ref, tmp_path / "hf"), tmp_path, TARGETS)
+    ids, mask = _batch(100, right=False, seed=11)
+    with torch.no_grad():
+        alone = [ref(ids[b][mask[b].bool()][None]).logits[0].numpy()
+                 for b in range(len(LENGTHS))]
+    for target in TARGETS:
+        got = _outputs(out[target], target, {"x": ids, "attention_mask": mask}, "logits")
+        _assert_rows(got, mask, alone, f"{spec} {target}")
 
 
 @pytest.mark.parametrize("target", sorted(TARGETS))

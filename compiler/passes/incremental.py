@@ -165,7 +165,8 @@ class _Walk:
                 # (padding reads a table of n + c rows at the tokens' positions: RoBERTa's)
                 if len(syms) != 1 or d != Poly.sym(next(iter(syms))) and not (
                         self.padded and (d - Poly.sym(next(iter(syms)))).is_const()):
-                    self.fail(f"a size {format_poly(d)} combines the generated length with "
+                    self.fail(f"a size {format_poly(d)} combines the "
+                              f"{'length' if self.padded else 'generated length'} with "
                               "others", span)
                 out.append(k)
         return out
@@ -280,8 +281,8 @@ class _Walk:
                 if bx:
                     contracted = True
             if contracted:
-                self.fail("a product over the positions mixes them; only attention with "
-                          "a causal mask may", e.span)
+                self.fail("a product over the positions mixes them; only attention" +
+                          (" may" if self.padded else " with a causal mask may"), e.span)
             return
         if op == "index" and ins[0] is not None and \
                 not any(t is not None and self.axes(t, s, e.span) for t in ins[1:]) and \
@@ -312,8 +313,9 @@ class _Walk:
                 if set(self.axes(t, s, e.span)) & {len(t.shape) - 1, len(t.shape) - 2}:
                     self.fail("a transpose that moves the positions axis", e.span)
             return
-        self.fail(f"`{op}` on values along the positions: the incremental form cannot "
-                  "prove it keeps them apart", e.span)
+        self.fail(f"`{op}` on values along the positions: "
+                  f"{'padding' if self.padded else 'the incremental form'} cannot prove it "
+                  "keeps them apart", e.span)
 
     def call(self, e: Eqn, s: _Scope, ins: list, shared: set[str]) -> None:
         fn = self.functions[e.attrs["module"]]
