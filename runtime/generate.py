@@ -60,8 +60,7 @@ class Sampler:
     def per_row(self, prompts: list[list[int]]) -> None:
         """A generator for each row, seeded by the seed and the row's prompt: a prompt draws
         the same ids whatever else is in its batch."""
-        self.rows = [np.random.default_rng([*(() if self.seed is None else (self.seed,)),
-                                            len(p), *p]) for p in prompts] \
+        self.rows = [np.random.default_rng([self.seed, len(p), *p]) for p in prompts] \
             if self.seed is not None else None
 
     def __call__(self, logits: np.ndarray) -> np.ndarray:
@@ -151,8 +150,7 @@ def generate(model, prompt, max_new_tokens: int, *, greedy: bool | None = None,
     done = np.zeros(batch, bool)
     if max_new_tokens == 0:
         return [[] for _ in range(batch)]
-    logits = runner.start(ids, fixed, mask, ids.shape[1] + max_new_tokens) \
-        if isinstance(runner, _OnnxRunner) else runner.start(ids, fixed, mask)
+    logits = runner.start(ids, fixed, mask, room=ids.shape[1] + max_new_tokens)
     while True:
         nxt = sampler(logits)
         if any(stops):
@@ -364,8 +362,8 @@ class _TorchRunner:
     def _args(self, fixed: dict, ids) -> list:
         return [ids if n == self.tokens else fixed[n] for n in self.order]
 
-    def start(self, ids: np.ndarray, fixed: dict, mask: np.ndarray | None = None
-              ) -> np.ndarray:
+    def start(self, ids: np.ndarray, fixed: dict, mask: np.ndarray | None = None,
+              room: int = 0) -> np.ndarray:
         self.past = self.prefix = None  # step() without a past is the prefill form
         return self.next(ids, fixed, mask)
 
@@ -441,7 +439,7 @@ class _StateRunner:
         last = last.astype(np.float32) if self.onnx else last.float().cpu().numpy()
         return (np.log(np.maximum(last, 1e-30)) if self.log else last), state
 
-    def start(self, ids: np.ndarray, fixed: dict, mask=None) -> np.ndarray:
+    def start(self, ids: np.ndarray, fixed: dict, mask=None, room: int = 0) -> np.ndarray:
         self.prefix = ids
         scores, self.state = self._run(ids, None)
         return scores
