@@ -53,6 +53,16 @@ class Padding:
     # positions at that use (a table inside a module is read at the tokens' ranks)
     along: dict[tuple[str, str], frozenset[str]] = field(default_factory=dict)
 
+    def table(self, shape) -> Padded | None:
+        """The Pad input at whose tokens' positions a table computed from sizes (a
+        sinusoid) is read, row by row: where its first axis runs along padded positions and
+        no other axis along any. A table of queries by keys (a relative bias) depends on
+        their distance, which padding at the ends keeps: it stays as it is (None)."""
+        if not shape or any(self.of(d) is not None for d in shape[1:]):
+            return None
+        p = self.of(shape[0])
+        return p if p is not None and shape[0] == Poly.sym(p.length) else None
+
     def of(self, d) -> Padded | None:
         """The Pad input fgc applies whose positions a size runs along, if any."""
         if not isinstance(d, Poly):

@@ -1145,19 +1145,17 @@ class Lowerer:
             outs = [replace(o, fam=role) if role in o.roles else o for o in outs]
         if table:
             outs = [self._last_rows(o) for o in outs]
-        elif not fn.inputs and scope.fn is None and self.pad_runs:
-            outs = [self._padded_rows(o) for o in outs]
+        elif not fn.inputs and scope.fn is None and self.padding is not None:
+            table = self.padding.table(e.outs[0].type.shape)  # (passes/padding.py)
+            if table is not None:
+                outs = [self._padded_rows(o, table.input) for o in outs]
         if key is not None:
             self.memo[key] = (ins, outs)  # the inputs are kept alive: their ids are the key
         return outs
 
-    def _padded_rows(self, v: V) -> V:
-        """A table of positions (a sinusoid) whose rows run along padded positions: each
-        token's row, (batch, T, ...). A table along positions on two axes (a relative bias
-        of queries by keys) depends on their distance, which padding at the ends keeps."""
-        pad = self.pad_of(v.own[0]) if v.own and not v.roles else None
-        if pad is None or any(not d.is_const() for d in v.own[1:]):
-            return v  # (queries by keys: a relative bias, the same with padding at the ends)
+    def _padded_rows(self, v: V, pad: str) -> V:
+        """A table of positions (a sinusoid) read at the tokens' positions of the padding
+        mask `pad`: each token's row, (batch, T, ...)."""
         v = self.canonical(v)
         out = self.g.op("Gather", [v.name, self.positions(pad, v.own[0])],
                         f"{v.name}[positions]", axis=0)
@@ -1937,18 +1935,10 @@ def _attention(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
     cached = callee.path in lw.sites
     if cached:  # the incremental form: keys of the earlier positions too
         k, v = lw.extend_cache(callee.path, k, v)
+    # a padded batch (passes/padding.py): the keys' padding joins the mask
     pad = lw.pad_sites.get(callee.path.split("/", 1)[1] if callee.layer is not None and
                            callee.path.startswith("layer") else callee.path)
     padding = lw.key_padding(pad, q.own[0], k.own[0]) if pad is not None else None
-    if padding is not None and lw.optimize == "ort" and (
-            e.attrs.get("groups") is not None or cached) and kind is not None and \
-            kind.causal and not kind.bias and not kind.window:
-        out = _ort_group_attention(lw, q, k, v, intrinsic(callee.fn).scale, callee.path,
-                                   padding)
-        if out is not None:
-            return [out]
-    if padding is not None:  # the mask as a tensor plus the keys' padding (passes/padding)
-        mask, kind = _padded_mask(lw, q, k, mask, kind, padding, callee.path), None
     # grouped-query: keys and values of G heads, which ONNX's Attention shares out itself
     # where query head i reads head (i - 1) div (A / G) + 1; else each query head's picked
     grouped = e.attrs.get("groups") is not None
@@ -1956,7 +1946,8 @@ def _attention(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
     # in 1.23, which the graph cannot tell apart)
     if lw.optimize == "ort" and (grouped or cached) and kind is not None and kind.causal \
             and not kind.bias and not kind.window:
-        out = _ort_group_attention(lw, q, k, v, intrinsic(callee.fn).scale, callee.path)
+        out = _ort_group_attention(lw, q, k, v, intrinsic(callee.fn).scale, callee.path,
+                                   padding)
         if out is not None:
             return [out]
 
@@ -1973,10 +1964,14 @@ def _attention(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
     if kind is not None and kind.window:  # a band of the keys, aligned to their end
         mask = lw.causal_table(q.own[0], k.own[0], f"{callee.path}/Mask^ST", window=mask.lazy)
         kind = None
-    if kind is not None and kind.causal and (kind.bias or cached):
+    if kind is not None and kind.causal and (kind.bias or cached or padding is not None):
         # the causal part as a tensor aligned to the keys' end, plus the bias: one mask
         table = lw.causal_table(q.own[0], k.own[0], f"{callee.path}/Mask^AR")
         mask = lw.plus_bias(mask, table, f"{callee.path}/mask") if kind.bias else table
+        kind = None
+    if padding is not None:  # what is left by meaning is none, or a bias alone
+        mask = padding if kind is not None and not kind.bias else \
+            _plus_padding(lw, q, k, mask, padding, callee.path)
         kind = None
     causal = kind is not None and kind.causal
     if kind is not None:
@@ -2020,19 +2015,10 @@ def _attention(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
     return [res]
 
 
-def _padded_mask(lw: Lowerer, q: V, k: V, mask: V | None, kind, padding: V, path: str) -> V:
-    """What a use's mask means, as a tensor (Mask^AR, a window, a bias, either plus a bias,
-    none), plus the keys' padding: one additive mask (batch, ..., rows, cols)."""
-    if kind is not None and kind.window:
-        table = lw.causal_table(q.own[0], k.own[0], f"{path}/Mask^ST", window=mask.lazy)
-    elif kind is not None and kind.causal:
-        table = lw.causal_table(q.own[0], k.own[0], f"{path}/Mask^AR")
-        if kind.bias:
-            table = lw.plus_bias(mask, table, f"{path}/mask")
-    elif kind is not None and not kind.bias:
-        return padding
-    else:
-        table = lw.as_real(lw.canonical(mask))
+def _plus_padding(lw: Lowerer, q: V, k: V, mask: V, padding: V, path: str) -> V:
+    """A mask as a tensor plus the keys' padding: one additive mask (batch, ..., rows,
+    cols)."""
+    table = lw.as_real(lw.canonical(mask))
     roles = lw.merge_roles(table, padding)
     out = lw.g.op("Add", [lw.align(table, roles, 2), lw.align(padding, roles, 2)],
                   f"{path}/padded")

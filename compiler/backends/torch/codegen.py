@@ -1751,11 +1751,10 @@ class Generator:
         """For a table computed from sizes (positions: a sinusoid) whose rows run along
         padded positions, at the model's level, the Pad input: it is read at the tokens'
         positions (rows_at)."""
-        shape = e.outs[0].type.shape
-        if fn.inputs or b.fn_name or self.padding is None or not shape or any(
-                isinstance(d, Poly) and d.symbols() & self.dynamic for d in shape[1:]):
-            return None  # (a relative bias of queries by keys: padding keeps distances)
-        return self.padded(shape[0])
+        if fn.inputs or b.fn_name or self.padding is None:
+            return None
+        p = self.padding.table(e.outs[0].type.shape)
+        return p.input if p is not None else None
 
     def _argument(self, b: Body, e: Eqn, v: _Val, real: bool) -> Expr:
         """A value passed to a module: integers cross as the spec's values; a per-batch
