@@ -6,9 +6,12 @@ Its random rotations are the spec's input: transformers draws them in every LSH 
 `torch.randn((A, D, N, k))` right after `torch.manual_seed(hash_seed)`, so the test makes the
 same draw and feeds it, one row per head. Probabilities agree to 1e-5 (float32) for lengths
 that run LSH attention chunk by chunk, that transformers pads to a multiple of the chunk
-lengths, and that fit in one chunk. transformers 5 keeps `lm_head.bias` but no longer adds it
-(transformers 4 did, through `decoder.bias`); the spec adds it, so the reference here is
-transformers' logits plus that bias. The counts of both presets equal the class's parameters.
+lengths, and that fit in one chunk. The released model adds one output bias, `lm_head.bias`,
+which transformers 4 also saved as its tied copy `lm_head.decoder.bias`. transformers 5.0-5.23
+keep `lm_head.bias` but no longer add it; 5.24 adds a decoder bias of its own, untied. The
+reference here is the released model's: the decoder's bias set to `lm_head.bias` where there is
+one, and that bias added where there is none. The counts of both presets equal the class's
+parameters, less that copy.
 """
 
 from __future__ import annotations
@@ -93,6 +96,8 @@ def hf_model(case: Case, seed: int = 0):
     with torch.no_grad():  # std 0.02 would make every output nearly uniform
         for p in model.parameters():
             p.normal_(0.0, 0.3) if p.dim() >= 2 else p.normal_(0.5, 0.3)
+        if model.lm_head.decoder.bias is not None:  # the released model's tied copy
+            model.lm_head.decoder.bias.copy_(model.lm_head.bias)
     return model
 
 
@@ -109,7 +114,9 @@ def tokens(case: Case, T: int, seed: int = 1) -> torch.Tensor:
 
 def hf_probs(model, x: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
-        logits = model(x).logits + model.lm_head.bias  # transformers 5 leaves the bias out
+        logits = model(x).logits
+        if model.lm_head.decoder.bias is None:  # transformers 5.0-5.23 leave the bias out
+            logits = logits + model.lm_head.bias
     return torch.softmax(logits, dim=-1)
 
 
@@ -163,8 +170,8 @@ def test_onnx_matches_reformer_model_with_lm_head(tmp_path):
 
 
 def test_comparisons_are_not_blind(tmp_path):
-    """Peaked probabilities, and rotations that matter: other rotations, or a model whose
-    output bias transformers would drop, give answers far outside the tolerance."""
+    """Peaked probabilities, and rotations that matter: other rotations, or the output
+    without its bias, give answers far outside the tolerance."""
     case = CASES[0]
     model = hf_model(case)
     compiled, _ = compile_torch(case, tmp_path, model)
@@ -175,7 +182,10 @@ def test_comparisons_are_not_blind(tmp_path):
     assert ours.max().item() > 5.0 / case.V
     assert (ours - other).abs().max().item() > 100 * TOL
     with torch.no_grad():
-        plain = torch.softmax(model(x).logits, dim=-1)
+        logits = model(x).logits
+        if model.lm_head.decoder.bias is not None:
+            logits = logits - model.lm_head.decoder.bias
+        plain = torch.softmax(logits, dim=-1)
     assert (ours - plain).abs().max().item() > 100 * TOL
 
 
@@ -190,13 +200,33 @@ def test_counts_equal_reformer_model_with_lm_head(preset, config):
         model = transformers.ReformerModelWithLMHead(
             transformers.ReformerConfig(is_decoder=True, **config))
     expected = sum(p.numel() for p in model.parameters())
+    if model.lm_head.decoder.bias is not None:  # a copy of lm_head.bias in released checkpoints
+        expected -= model.lm_head.decoder.bias.numel()
     r = fgc("params", SPEC, "--preset", preset, "--format", "json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["total"] == expected
 
 
 def test_checkpoint_names_every_tensor(tmp_path):
-    """Every ReformerModelWithLMHead tensor is used: nothing is reported extra."""
-    _, r = compile_torch(CASES[1], tmp_path, hf_model(CASES[1]))
+    """Every ReformerModelWithLMHead tensor is used: nothing is reported extra, and the only
+    tensor not read is the output bias's tied copy, where the class has one."""
+    model = hf_model(CASES[1])
+    _, r = compile_torch(CASES[1], tmp_path, model)
     assert "were not used" not in r.stdout + r.stderr
-    assert "ignored" not in r.stdout
+    if model.lm_head.decoder.bias is None:
+        assert "ignored" not in r.stdout
+    else:
+        assert "ignored 1 checkpoint tensors" in r.stdout and "lm_head.decoder.bias" in r.stdout
+
+
+def test_an_untied_decoder_bias_is_refused(tmp_path):
+    """A checkpoint whose `lm_head.decoder.bias` is its own tensor, not the copy of
+    `lm_head.bias` the released model holds, is refused with both names, not half-read."""
+    state = {k: v.clone().contiguous() for k, v in hf_model(CASES[0]).state_dict().items()}
+    state["lm_head.decoder.bias"] = state["lm_head.bias"] + 1.0
+    safetensors_torch.save_file(state, str(tmp_path / "hf.safetensors"))
+    r = fgc("compile", SPEC, "--target", "torch", *CASES[0].sets(),
+            "--weights", str(tmp_path / "hf.safetensors"), "-o", str(tmp_path / "out"))
+    assert r.returncode == 1
+    assert "`lm_head.decoder.bias`" in r.stderr and "not a copy of `lm_head.bias`" in r.stderr
+    assert not (tmp_path / "out").exists()
