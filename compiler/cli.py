@@ -44,6 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--weights", metavar="FOLDER",
                    help="with one SPEC: the configuration a model folder's config.json gives "
                         "it, and whether the folder's tensors are the spec's exactly")
+    c.add_argument("--tp", type=_positive_int, metavar="N",
+                   help="also check that N ranks of tensor parallelism can split every "
+                        "parameter the plan splits, at every preset")
 
     q = sub.add_parser("params", help="count parameters exactly, with the closed formula "
                        "(several files: each, and together with shared tensors once)")
@@ -555,6 +558,10 @@ def cmd_check(args) -> int:
             spec = load(path)
             sources = spec.sources
             errors, warnings = spec.check()
+            if not errors and getattr(args, "tp", None):
+                found = spec.check_tp(args.tp)
+                errors = [d for d in found if d.severity == "error"]
+                warnings = warnings + [d for d in found if d.severity != "error"]
         except FgcError as e:
             errors, warnings = e.diagnostics, []
             sources = getattr(e, "sources", sources)

@@ -950,11 +950,11 @@ def test_config_is_frozen_and_derived_sizes_are_properties(compiled):
 
 
 def _reachable(tree: ast.Module) -> tuple[set[str], set[str]]:
-    """(the top-level functions, those the classes and build() reach, directly or through
-    another function)."""
+    """(the top-level functions, those the classes, build() and parallelize() reach,
+    directly or through another function)."""
     functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
     roots = [n for n in tree.body if isinstance(n, ast.ClassDef) or
-             (isinstance(n, ast.FunctionDef) and n.name == "build")]
+             (isinstance(n, ast.FunctionDef) and n.name in ("build", "parallelize"))]
     reached: set[str] = set()
     stack = roots
     while stack:
@@ -962,7 +962,7 @@ def _reachable(tree: ast.Module) -> tuple[set[str], set[str]]:
             if isinstance(node, ast.Name) and node.id in functions and node.id not in reached:
                 reached.add(node.id)
                 stack.append(functions[node.id])
-    return set(functions) - {"build"}, reached
+    return set(functions) - {"build", "parallelize"}, reached
 
 
 @pytest.mark.parametrize("spec", SPECS)

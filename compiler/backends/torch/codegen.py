@@ -31,6 +31,8 @@ from ...lowering.families import has_params
 from ...lowering.layers import invariant
 from ...lowering.layout import JOINS, MOVES, READS_HELD, shifted
 from ...lowering.masks import PER_USE, MaskKind, from_caller, kind_of_input
+from ...lowering.parallel import Plan
+from ...lowering.parallel import plan as parallel_plan
 from ...lowering.precision import FLOAT32, Precision
 from ...lowering.signature import Number, Text, at, by_position, run_lengths, signature_form
 from ...names import (
@@ -463,6 +465,7 @@ class Body:
         # `start` (Generator.start_name)
         self.positions: Expr | None = None
         self.fn_name = ""  # the module whose forward this is ("" for the model and layers)
+        self.tp: Plan | None = None  # its tensor-parallel plan (lowering/parallel.py)
         # temporaries the spec names otherwise (a module's result is the module's): the
         # name they take here, before ident; other temporaries are numbered (`%7` -> t7)
         self.spec_names: dict[str, str] = {}
@@ -484,6 +487,8 @@ class Body:
         if self.is_param(o.name):
             p = self.gen.param_types[self.self_attr[o.name]]
             expr = dotted(self.self_attr[o.name])
+            if self.tp is not None and o.name in self.tp.splits:
+                expr = call("local", expr)  # this rank's block under parallelize()
             t = p.type
             fam = t.family is not None
             if o.member is not None and not fam:
@@ -559,6 +564,13 @@ class Body:
 
     def lower_eqn(self, e: Eqn) -> None:
         ins = [self.operand(o, e) for o in e.ins]
+        if self.tp is not None:
+            for k, v in enumerate(ins):
+                use = self.tp.uses.get((e.outs[0].name, k))
+                if use == "enter":  # a replicated value read by a split computation
+                    v.expr = call("tp_enter", v.expr, TP)
+                elif use == "gather":  # a split value read whole
+                    v.expr = call("tp_gather", v.expr, _split_axis(v), TP)
         # where each result's axes are and how its integers are held: the lowering's
         # (lowering/layout.py); the layer loop is this backend's own equation
         raw_lo = None if e.op == "layers" else e.outs[0].layout.held
@@ -579,6 +591,8 @@ class Body:
             layouts = [Layout.of(e.outs[0].layout)]
             moved = shifted(e)
             exprs = [ins[moved[0]].expr if moved else lowering(self, e, ins, layouts[0])]
+        if self.tp is not None:
+            exprs = [self._tp_made(o, x, lay) for o, x, lay in zip(e.outs, exprs, layouts)]
         for out, expr, layout in zip(e.outs, exprs, layouts):
             if out.name in self.spec_names:
                 py = self.namer.alias(out.name, self.spec_names[out.name])
@@ -606,6 +620,21 @@ class Body:
             self.exprs[names[0]] = exprs[0]
             self.tuples = getattr(self, "tuples", {})
             self.tuples[names[0]] = names
+
+    def _tp_made(self, out: ir.Value, expr: Expr, layout: Layout) -> Expr:
+        """A value as the tensor-parallel plan has it made: this rank's block of a family
+        it takes from a whole value (`members`), summed over the ranks (partial), or
+        gathered from them (split, read whole after)."""
+        plan = self.tp
+        assert plan is not None
+        if out.name in plan.blocks:
+            expr = call("tp_block", expr, Const(-(layout.rank or 0) - 1), TP)
+        if out.name in plan.reduce:
+            expr = call("tp_reduce", expr, TP)
+        if out.name in plan.gather:
+            axis = Const(-(layout.rank or 0) - 1) if layout.fam else Const(-1)
+            expr = call("tp_gather", expr, axis, TP)
+        return expr
 
     def comment(self, t: TensorType, layout: Layout, e: Eqn) -> str:
         names = self.gen.comment_sym
@@ -830,6 +859,13 @@ def _matmul(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> Expr:
         # family axis moved in front of the member's rows
         fam = e.family[1] if e.family else y.type.family
         size = py_poly(fam, b.sym) if fam is not None else Const(-1)
+        if b.tp is not None and fam is not None and str(fam) in b.tp.families:
+            size = Const(-1)  # this rank's members: as many as its block of the weights
+            prod = method(call("project", x.expr, method(y.stored, "flatten", Const(-2))),
+                          "unflatten", Const(-1), Tuple((size, py_poly(y.type.shape[-1],
+                                                                       b.sym))))
+            r = x.layout.rank
+            return prod if r == 1 else method(prod, "movedim", Const(-2), Const(-r - 1))
         prod = method(call("project", x.expr, method(y.stored, "flatten", Const(-2))),
                       "unflatten", Const(-1), Tuple((size, Const(-1))))
         r = x.layout.rank
@@ -847,6 +883,15 @@ def _matmul(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> Expr:
         column = method(ys, "unsqueeze", Const(-1))
         return method(BinOp(xs, "@", column), "squeeze", Const(-1))
     return BinOp(xs, "@", ys)
+
+
+TP = dotted("self.tp")  # a module's ranks under parallelize() (None: not split)
+TP_INIT = "self.tp = None  # parallelize(): the ranks its split parameters are spread over"
+
+
+def _split_axis(v: _Val) -> Expr:
+    """The axis a split value is split along: its family axis, or the last."""
+    return Const(-(v.layout.rank or 0) - 1) if v.layout.fam else Const(-1)
 
 
 def _weight(b: Body, e: Eqn, y: _Val) -> Expr | None:
@@ -868,6 +913,8 @@ def _lookup(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> Expr:
     """OneHot(ids) @ W as rows of W (lowering/lookups.py): no V-wide one-hot is built;
     the table's first row is id `lo`."""
     ids, table = ins
+    if b.tp is not None and e.outs[0].name in b.tp.lookups:  # the vocabulary split
+        return call("tp_lookup", _rows(b, ids, e.attrs["lo"]), table.expr, TP)
     return call("embedding", _rows(b, ids, e.attrs["lo"]), table.expr)
 
 
@@ -1069,7 +1116,16 @@ def _picks(b: Body, e: Eqn, index: Poly) -> Expr:
     i = Name(ident(var))
     picks = Comp(py_poly(index - 1, {**b.sym, var: i}),
                  ((i, call("range", Const(1), BinOp(py_poly(size, b.sym), "+", Const(1)))),))
-    return call("torch.tensor", picks, device=b.device)
+    tensor = call("torch.tensor", picks, device=b.device)
+    if b.tp is not None and str(size) in b.tp.families:
+        # this rank's members, each reading in the rank's block of a split family
+        src = e.ins[0] if e.op == "gather_members" else next(o for o in e.ins if o.whole_family)
+        made = b.vals[src.name].producer if src.name in b.vals else None
+        fam = made.family[1] if made is not None and made.family else None
+        count = py_poly(fam, b.sym) if fam is not None and b.tp.picks.get(e.outs[0].name) \
+            else Const(None)
+        return call("tp_picks", tensor, count, TP)
+    return tensor
 
 
 def _mask(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> Expr:
@@ -1274,8 +1330,12 @@ def _rotary(b: Body, fn: ir.Function, inputs: list[str]) -> list[Line]:
 def _moe(b: Body, fn: ir.Function, inputs: list[str]) -> list[Line]:
     i = intrinsic(fn)
     params = [dotted(f"self.{ident(p)}") for p in i.params]
-    return [Line(Return(call("moe", Name(inputs[0]), *params, dotted(f"self.{ident(i.chosen)}"))),
-                 "only each position's K chosen experts are computed")]
+    kw = {}
+    if b.tp is not None:  # the experts split across the ranks: each computes its own
+        params = [call("local", x) if p in b.tp.splits else x for p, x in zip(i.params, params)]
+        kw["tp"] = TP
+    return [Line(Return(call("moe", Name(inputs[0]), *params, dotted(f"self.{ident(i.chosen)}"),
+                             **kw)), "only each position's K chosen experts are computed")]
 
 
 # Intrinsics (compiler/elaborate/intrinsics.py) whose forward is one fused torch call, by
@@ -1329,6 +1389,10 @@ class Generator:
         self.cfg = cfg  # the symbolic configuration: IR with sizes as symbols
         # the IR with the shared lowering's operations (compiler/lowering)
         self.model, self.functions = prepare(cfg.model, cfg.functions)
+        # which parameters parallelize() splits, and where the ranks' values meet
+        self.tp_plans = {name: p for name, p in parallel_plan(self.model,
+                                                              self.functions).items()
+                         if p.active}
         self.values = values  # hyperparameter -> number (the compiled preset)
         self.sources = sources
         self.preset = preset
@@ -1552,6 +1616,7 @@ class Generator:
         self.in_module = True
         body = Body(self, sym, device, namer, self_attr, fn.span.file if fn.span else "")
         body.fn_name = fn.name
+        body.tp = self.tp_plans.get(fn.name)
         if self.incremental is not None or self.padding is not None:
             body.start = Name("start")  # tables of positions inside: from `start` on
         body.spec_names = {**self._use_names(self.cfg.functions[fn.name].eqns
@@ -1618,6 +1683,8 @@ class Generator:
             init_lines.append("self.cache = None  # step(): keys and values, (B, A, P, D) each")
         if is_kind(fn, "attention") and self.padding is not None:
             init_lines.append("self.pad = None  # a padded batch: its keys' padding, (B, P + T)")
+        if "self.tp" in _paths(lines):
+            init_lines.append(TP_INIT)
         return ClassView(cls, doc, [ident(s) for s in static] + list(flags.values()),
                          init_lines, params, subs, fwd, lines)
 
@@ -1886,6 +1953,7 @@ class Generator:
                        + [("the layers", "layers")], f"model `{model.name}`")
         body = Body(self, msym, Name("device"), namer, self_attr, self.spec.path)
         body.spec_names = self._use_names(self.cfg.model.body)
+        body.tp = self.tp_plans.get("")
         if self.incremental is not None:
             body.start = Name("start")
         if self.padding is not None:
@@ -1963,7 +2031,10 @@ class Generator:
         if self.incremental is not None:
             extra += self._step_methods(args, pads, method_name)
             forward_args += ["*", "start=0"]
-        view = ClassView(model_cls, self._model_doc(), ["config"], ["self.config = config"],
+        init = ["self.config = config"]
+        if "self.tp" in _paths(lines) or any("self.tp" in x for x in extra):
+            init.append(TP_INIT)
+        view = ClassView(model_cls, self._model_doc(), ["config"], init,
                          params, subs, forward_args, lines, kind="model",
                          extra_methods=extra)
         view.method_name = method_name  # type: ignore[attr-defined]
@@ -2193,6 +2264,7 @@ class Generator:
         self_attr: dict[str, str] = {}
         body = Body(self, lsym, "device", namer, self_attr, self.spec.path)
         body.spec_names = self._use_names(self.cfg.model.body)
+        body.tp = self.tp_plans.get("")
         if self.incremental is not None:  # tables of positions inside: from `start` on
             body.start = Name("start")
         args = []
@@ -2265,6 +2337,8 @@ class Generator:
                                        for a in shared_args]
         if "self.config" in read:  # sizes its forward reads
             init_lines.insert(0, "self.config = config")
+        if "self.tp" in read:
+            init_lines.append(TP_INIT)
         count = py_poly(loop.hi, self.comment_sym).text
         view = ClassView(cls, [f"One of the {count} layers, {loop.var} = 1..{count}."],
                          init_args, init_lines, [], subs,
@@ -2373,6 +2447,19 @@ class Generator:
                 fields.append((name, "float", py_const(number, {}).text, comment))
         return fields, derived
 
+    @staticmethod
+    def _tp_helpers(text: str) -> dict[str, bool]:
+        """Which tensor-parallel helpers model.py's lines call, with those they call."""
+        def uses(name: str) -> bool:
+            return bool(re.search(rf"(?<![\w.]){name}\(", text))
+        moe = bool(re.search(r"(?<![\w.])moe\([^\n]*tp=", text))
+        flags = {f"uses_{n}": uses(n) for n in ("tp_gather", "tp_block", "tp_picks",
+                                                   "tp_lookup")}
+        flags["uses_tp_enter"] = uses("tp_enter") or flags["uses_tp_block"] or moe
+        flags["uses_tp_reduce"] = uses("tp_reduce") or flags["uses_tp_lookup"] or moe
+        flags["moe_tp"] = moe
+        return flags
+
     def _render(self, model_view: ClassView, layer_classes: list[ClassView]) -> str:
         env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES),
                                  keep_trailing_newline=True, trim_blocks=True,
@@ -2389,8 +2476,15 @@ class Generator:
             imports.append(f"from torch.nn.functional import {', '.join(plain)}")
         imports += [f"from torch.nn.functional import {FUNCTIONAL[n]} as {n}" for n in used
                     if FUNCTIONAL[n] != n]
+        tp_plan = {}  # per class, its split parameters' attributes and axes
+        for name, plan in self.tp_plans.items():
+            cls = self.model_class if not name else self.module_class(name)
+            if cls in {c.name for c in [model_view, *modules]}:
+                tp_plan[cls] = {ident(p): s.axis for p, s in plan.splits.items()}
         view = dict(
             imports="\n".join(imports),
+            tp_plan=tp_plan, tp_plan_text="\n".join(_literal_lines(tp_plan, "TP_PLAN = ", 0)),
+            **(self._tp_helpers(text) if tp_plan else {"moe_tp": False}),
             spec=safe_name(self.spec.path), model=model_view, layers=layer_classes,
             modules=modules, fields=fields, derived=derived, preset=self.preset,
             precision=self.precision,

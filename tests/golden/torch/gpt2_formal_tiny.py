@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
-from torch.nn.functional import embedding, layer_norm
+from torch.nn.functional import layer_norm
 from torch.nn.functional import scaled_dot_product_attention as sdpa
 
 
@@ -95,6 +95,163 @@ def project(x, w):
     return out
 
 
+# Tensor parallelism (parallelize(), docs/distributed.md). fgc derived from the equations
+# which parameters split across the ranks, along which axis, and where the ranks' values
+# meet again; the forward passes below read split parameters through local() and meet
+# through these helpers, which do nothing while a module's `tp` is None (one process).
+
+
+class TensorParallel:
+    """The ranks of a 1-D device mesh a module's split parameters are spread over: rank r
+    of `size` holds block r of each split axis."""
+
+    def __init__(self, mesh):
+        self.mesh = mesh
+        self.group = mesh.get_group()
+        self.rank = mesh.get_local_rank()
+        self.size = mesh.size()
+
+
+def local(p):
+    """A parameter as this rank holds it: its block once parallelize() split it, a DTensor
+    (to_local() keeps the gradient flowing to it), else the parameter itself."""
+    return p.to_local() if hasattr(p, "to_local") else p
+
+
+class _Enter(torch.autograd.Function):
+    """A replicated value read by a split computation: the identity; backward, the sum of
+    the ranks' gradients (each holds its block's share)."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous().clone()
+        torch.distributed.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+class _Reduce(torch.autograd.Function):
+    """Partial sums made whole: all-reduce; backward, the identity (the sum's gradient is
+    every rank's)."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        x = x.contiguous().clone()
+        torch.distributed.all_reduce(x, group=group)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+class _Gather(torch.autograd.Function):
+    """The ranks' blocks of a split axis joined in rank order; backward, this rank's
+    block of the gradient."""
+
+    @staticmethod
+    def forward(ctx, x, axis, tp):
+        ctx.axis, ctx.tp = axis, tp
+        parts = [torch.empty_like(x) for _ in range(tp.size)]
+        torch.distributed.all_gather(parts, x.contiguous(), group=tp.group)
+        return torch.cat(parts, dim=axis)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.chunk(ctx.tp.size, dim=ctx.axis)[ctx.tp.rank].contiguous(), None, None
+
+
+def tp_enter(x, tp):
+    if tp is None or not isinstance(x, torch.Tensor) or not x.requires_grad:
+        return x
+    return _Enter.apply(x, tp.group)
+
+
+def tp_reduce(x, tp):
+    return x if tp is None else _Reduce.apply(x, tp.group)
+
+
+def tp_gather(x, axis, tp):
+    return x if tp is None else _Gather.apply(x, axis, tp)
+
+
+def tp_lookup(ids, table, tp):
+    """Rows of a table split along its rows (the vocabulary): each rank looks up the ids
+    it holds, 0 for the others, and the ranks' rows are summed."""
+    if tp is None:
+        return nn.functional.embedding(ids, table)
+    rows = table.shape[0]
+    first = tp.rank * rows
+    held = (ids >= first) & (ids < first + rows)
+    found = nn.functional.embedding((ids - first).clamp(0, rows - 1), table)
+    found = found * held.unsqueeze(-1)
+    return tp_reduce(found.to(table.dtype), tp)
+
+
+# per class, the parameters split and the axis of each (lowering/parallel.py)
+TP_PLAN = {"MH": {"W_Q": 1, "W_K": 1, "W_V": 1, "W_O": 0},
+           "FF_GELU": {"W_1": 1, "b_1": 0, "W_2": 0}, "GPT2": {"W_e": 0}}
+
+
+def parallelize(model, tp_mesh=None, dp_mesh=None):
+    """Spread `model` over devices: tensor parallelism over the 1-D mesh `tp_mesh` (its
+    parameters split as TP_PLAN says, each rank keeping its block as a DTensor shard), then
+    FSDP2 over `dp_mesh` (fully_shard on each layer, then on the whole model). Either mesh
+    may be None; both are the two dimensions of one 2-D mesh for FSDP over TP. Every rank
+    must hold the same whole parameters before (one seed, or the same weights loaded);
+    returns `model`."""
+    if tp_mesh is not None:
+        from torch.distributed.tensor import Shard, distribute_tensor
+        from torch.distributed.tensor.parallel import ParallelStyle, parallelize_module
+
+        class Split(ParallelStyle):
+            """fgc's plan for one module: its split parameters, each Shard(axis) over the
+            mesh, and its forward told which ranks it runs on."""
+
+            def __init__(self, axes):
+                super().__init__()
+                self.axes = axes
+
+            def _apply(self, module, mesh):
+                for name, axis in self.axes.items():
+                    p = module.get_parameter(name)
+                    if p.shape[axis] % mesh.size():
+                        raise ValueError(
+                            f"{type(module).__name__}.{name}: its axis {axis} has "
+                            f"{p.shape[axis]} entries, which {mesh.size()} ranks cannot "
+                            "split evenly")
+                    shard = distribute_tensor(p.detach(), mesh, [Shard(axis)])
+                    module.register_parameter(name, nn.Parameter(shard, p.requires_grad))
+                module.tp = TensorParallel(mesh)
+                return module
+
+        plan = {fqn: Split(TP_PLAN[type(m).__name__]) for fqn, m in model.named_modules()
+                if fqn and type(m).__name__ in TP_PLAN}
+        if plan:
+            parallelize_module(model, tp_mesh, plan)
+        # the model's own parameters (the vocabulary) split where the ranks divide them;
+        # else they stay whole, and the model and its layers compute as one process
+        own = TP_PLAN.get(type(model).__name__, {})
+        if own and all(model.get_parameter(name).shape[axis] % tp_mesh.size() == 0
+                       for name, axis in own.items()):
+            parallelize_module(model, tp_mesh, Split(own))
+            for m in model.modules():  # the layers: their lines meet the model's splits
+                if hasattr(m, "tp") and m.tp is None and type(m).__name__ not in TP_PLAN:
+                    m.tp = model.tp
+    if dp_mesh is not None:
+        from torch.distributed.fsdp import fully_shard
+
+        for layers in (c for c in model.children() if isinstance(c, nn.ModuleList)):
+            for layer in layers:
+                fully_shard(layer, mesh=dp_mesh)
+        fully_shard(model, mesh=dp_mesh)
+    return model
+
+
 class LN(nn.Module):
     """
     module LN[eps = 1e-5](X: R[..., H]) -> R[..., H] {
@@ -163,6 +320,7 @@ class MH(nn.Module):
         self.A = A
         self.D = D
         self.H = H
+        self.tp = None  # parallelize(): the ranks its split parameters are spread over
         self.W_Q = nn.Parameter(torch.empty(H, A, D))  # W_i^Q: R[H, D] for each of A
         self.W_K = nn.Parameter(torch.empty(H, A, D))  # W_i^K: R[H, D] for each of A
         self.W_V = nn.Parameter(torch.empty(H, A, D))  # W_i^V: R[H, D] for each of A
@@ -179,11 +337,23 @@ class MH(nn.Module):
     def forward(self, X):
         # (*, A, T, D)  stdlib.fgpt:101
         head = self.Attention(
-            project(X, self.W_Q.flatten(-2)).unflatten(-1, (self.A, -1)).movedim(-2, -3),
-            project(X, self.W_K.flatten(-2)).unflatten(-1, (self.A, -1)).movedim(-2, -3),
-            project(X, self.W_V.flatten(-2)).unflatten(-1, (self.A, -1)).movedim(-2, -3),
+            (
+                project(tp_enter(X, self.tp), local(self.W_Q).flatten(-2))
+                .unflatten(-1, (-1, self.D))
+                .movedim(-2, -3)
+            ),
+            (
+                project(tp_enter(X, self.tp), local(self.W_K).flatten(-2))
+                .unflatten(-1, (-1, self.D))
+                .movedim(-2, -3)
+            ),
+            (
+                project(tp_enter(X, self.tp), local(self.W_V).flatten(-2))
+                .unflatten(-1, (-1, self.D))
+                .movedim(-2, -3)
+            ),
         )
-        return project(head.movedim(-3, -2).flatten(-2), self.W_O)
+        return tp_reduce(project(head.movedim(-3, -2).flatten(-2), local(self.W_O)), self.tp)
 
 
 class GELU(nn.Module):
@@ -212,6 +382,7 @@ class FF_GELU(nn.Module):
         super().__init__()
         self.F = F
         self.H = H
+        self.tp = None  # parallelize(): the ranks its split parameters are spread over
         self.W_1 = nn.Parameter(torch.empty(H, F))  # W_1: R[H, F]
         self.b_1 = nn.Parameter(torch.empty(F,))  # b_1: R[F]
         self.W_2 = nn.Parameter(torch.empty(F, H))  # W_2: R[F, H]
@@ -226,7 +397,16 @@ class FF_GELU(nn.Module):
         nn.init.zeros_(self.b_2)
 
     def forward(self, X):
-        return project(self.GELU(project(X, self.W_1) + self.b_1), self.W_2) + self.b_2
+        return (
+            tp_reduce(
+                project(
+                    self.GELU(project(tp_enter(X, self.tp), local(self.W_1)) + local(self.b_1)),
+                    local(self.W_2),
+                ),
+                self.tp,
+            )
+            + self.b_2
+        )
 
 
 class GPT2Layer(nn.Module):
@@ -304,6 +484,7 @@ class GPT2(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.config = config
+        self.tp = None  # parallelize(): the ranks its split parameters are spread over
         self.W_e = nn.Parameter(torch.empty(config.V, config.H))  # W_e: R[V, H]
         self.W_p = nn.Parameter(torch.empty(config.n, config.H))  # W_p: R[n, H]
         self.layers = nn.ModuleList(GPT2Layer(config, l) for l in range(1, config.L + 1))
@@ -320,12 +501,13 @@ class GPT2(nn.Module):
             f"positions up to {start + T}; "
             f"the model takes at most {self.config.n}"
         )
-        H_0 = embedding(x, self.W_e) + self.W_p[start:start + T]  # (B, T, H)  gpt2.fgpt:52
+        # (B, T, H)  gpt2.fgpt:52
+        H_0 = tp_lookup(x, local(self.W_e), self.tp) + self.W_p[start:start + T]
         H_L = H_0
         for layer in self.layers:  # L layers
             H_L = layer(H_L)
         Hf = self.LN_3(H_L)  # (B, T, H)  gpt2.fgpt:59
-        return project(Hf, self.W_e.mT)
+        return tp_gather(project(tp_enter(Hf, self.tp), local(self.W_e).mT), -1, self.tp)
 
     def forward(self, x):
         """GPT: the probabilities, Softmax(logits)."""

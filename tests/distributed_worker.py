@@ -1,0 +1,152 @@
+"""One rank of tests/test_distributed.py, started by torchrun (gloo, CPU).
+
+    torchrun --standalone --nproc-per-node N tests/distributed_worker.py MODEL_PY CHECK...
+
+MODEL_PY is a compiled model.py. Each check builds the model at its Config on every rank
+from one seed, so that every rank holds the same parameters, and compares what the
+parallelised module computes with what the same module computes alone in this process:
+  - `forward`: parallelize(tp_mesh) then the forward pass on one batch;
+  - `step`: parallelize(tp_mesh) then a prefill and three steps of step() with the cache;
+  - `tp-train`: 5 AdamW steps under tensor parallelism, every rank the whole batch;
+  - `fsdp-train`: 5 AdamW steps under FSDP2, each rank its share of the batch, the loss
+    averaged over the ranks;
+  - `2d-train`: the same over a (dp, tp) mesh of 2 x N/2 ranks.
+Rank 0 prints one JSON line: check -> the largest difference found.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import json
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+
+BATCH, LENGTH, STEPS = 4, 7, 5
+
+
+def load(path: str):
+    spec = importlib.util.spec_from_file_location("compiled", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def make(m):
+    """The model, its parameters drawn from one seed (std 0.3: outputs far from uniform)."""
+    torch.manual_seed(0)
+    model = m.build()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.3)
+    return model
+
+
+def batch(model) -> list[torch.Tensor]:
+    """Token ids for each input forward takes (a segment input `t`: zeros)."""
+    g = torch.Generator().manual_seed(1)
+    out = []
+    for name, p in inspect.signature(model.forward).parameters.items():
+        if p.default is not inspect.Parameter.empty:
+            continue
+        if name == "t":
+            out.append(torch.zeros(BATCH, LENGTH, dtype=torch.long))
+        else:
+            out.append(torch.randint(0, model.config.V, (BATCH, LENGTH), generator=g))
+    return out
+
+
+def loss_of(model, inputs, targets):
+    probs = model(*inputs)
+    return -torch.log(probs.gather(-1, targets.unsqueeze(-1))).mean()
+
+
+def train(model, inputs, targets) -> list[torch.Tensor]:
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(STEPS):
+        loss = loss_of(model, inputs, targets)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach().clone())
+    return losses
+
+
+def mean_over(losses, group, size) -> list[float]:
+    for x in losses:
+        dist.all_reduce(x, group=group)
+    return [x.item() / size for x in losses]
+
+
+def generate(model, x, steps: int = 3) -> torch.Tensor:
+    """Logits of a prefill and `steps` greedy steps through step()'s cache."""
+    with torch.no_grad():
+        logits, past = model.step(x)
+        out = [logits[:, -1]]
+        for _ in range(steps):
+            nxt = out[-1].argmax(-1, keepdim=True)
+            logits, past = model.step(nxt, past=past)
+            out.append(logits[:, -1])
+    return torch.stack(out, 1)
+
+
+def main() -> None:
+    path, checks = sys.argv[1], sys.argv[2:]
+    m = load(path)
+    dist.init_process_group("gloo")
+    rank, size = dist.get_rank(), dist.get_world_size()
+    mesh = init_device_mesh("cpu", (size,))
+    found: dict[str, float] = {}
+    model = make(m)
+    inputs = batch(model)
+    g = torch.Generator().manual_seed(2)
+    targets = torch.randint(0, model.config.V, inputs[-1].shape, generator=g)
+    for check in checks:
+        if check == "forward":
+            model = make(m).eval()
+            with torch.no_grad():
+                alone = model(*inputs)
+                m.parallelize(model, tp_mesh=mesh)
+                split = model(*inputs)
+            found[check] = (split - alone).abs().max().item()
+        elif check == "step":
+            model = make(m).eval()
+            alone = generate(model, inputs[0])
+            m.parallelize(model, tp_mesh=mesh)
+            found[check] = (generate(model, inputs[0]) - alone).abs().max().item()
+        elif check == "tp-train":
+            alone = [x.item() for x in train(make(m), inputs, targets)]
+            model = m.parallelize(make(m), tp_mesh=mesh)
+            got = [x.item() for x in train(model, inputs, targets)]
+            found[check] = max(abs(a - b) for a, b in zip(alone, got))
+        elif check == "fsdp-train":
+            alone = [x.item() for x in train(make(m), inputs, targets)]
+            model = m.parallelize(make(m), dp_mesh=mesh)
+            share = BATCH // size
+            mine = slice(rank * share, (rank + 1) * share)
+            got = mean_over(train(model, [x[mine] for x in inputs], targets[mine]), None, size)
+            found[check] = max(abs(a - b) for a, b in zip(alone, got))
+        elif check == "2d-train":
+            alone = [x.item() for x in train(make(m), inputs, targets)]
+            mesh2 = init_device_mesh("cpu", (2, size // 2), mesh_dim_names=("dp", "tp"))
+            model = m.parallelize(make(m), tp_mesh=mesh2["tp"], dp_mesh=mesh2["dp"])
+            share = BATCH // 2
+            at = mesh2["dp"].get_local_rank()
+            mine = slice(at * share, (at + 1) * share)
+            losses = train(model, [x[mine] for x in inputs], targets[mine])
+            got = mean_over(losses, mesh2["dp"].get_group(), 2)
+            found[check] = max(abs(a - b) for a, b in zip(alone, got))
+        else:
+            raise SystemExit(f"unknown check {check!r}")
+    if rank == 0:
+        print("RESULT " + json.dumps(found), flush=True)
+    dist.barrier()  # every rank done with its collectives before any leaves
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
