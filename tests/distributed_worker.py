@@ -10,8 +10,16 @@ parallelised module computes with what the same module computes alone in this pr
   - `tp-train`: 5 AdamW steps under tensor parallelism, every rank the whole batch;
   - `fsdp-train`: 5 AdamW steps under FSDP2, each rank its share of the batch, the loss
     averaged over the ranks;
-  - `2d-train`: the same over a (dp, tp) mesh of 2 x N/2 ranks.
-Rank 0 prints one JSON line: check -> the largest difference found.
+  - `2d-train`: the same over a (dp, tp) mesh of 2 x N/2 ranks;
+  - `load` (tensor parallelism) and `2d-load` (the 2-D mesh): the whole model's weights
+    saved as safetensors, loaded into a parallelised model built from another seed by
+    runtime.distributed.load_weights, then the forward pass; `load-read` and
+    `2d-load-read` give the share of the entries rank 0 read;
+  - `restore`: 2 AdamW steps under tensor parallelism, the training state saved
+    (runtime.distributed.save_state), restored into a model and optimizer built from
+    another seed, and 3 more steps: the 5 losses of the uninterrupted run.
+Rank 0 prints one JSON line: check -> the largest difference found. FGC_WORK names a
+folder all ranks share.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import json
+import os
 import sys
 
 import torch
@@ -64,10 +73,10 @@ def loss_of(model, inputs, targets):
     return -torch.log(probs.gather(-1, targets.unsqueeze(-1))).mean()
 
 
-def train(model, inputs, targets) -> list[torch.Tensor]:
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+def train(model, inputs, targets, steps: int = STEPS, opt=None) -> list[torch.Tensor]:
+    opt = opt or torch.optim.AdamW(model.parameters(), lr=1e-2)
     losses = []
-    for _ in range(STEPS):
+    for _ in range(steps):
         loss = loss_of(model, inputs, targets)
         opt.zero_grad()
         loss.backward()
@@ -140,6 +149,43 @@ def main() -> None:
             losses = train(model, [x[mine] for x in inputs], targets[mine])
             got = mean_over(losses, mesh2["dp"].get_group(), 2)
             found[check] = max(abs(a - b) for a, b in zip(alone, got))
+        elif check in ("load", "2d-load"):
+            from safetensors.torch import save_file
+
+            from runtime.distributed import load_weights
+
+            whole = make(m).eval()
+            path = os.path.join(os.environ["FGC_WORK"], f"{check}.safetensors")
+            if rank == 0:
+                save_file({k: v.contiguous() for k, v in whole.state_dict().items()}, path)
+            dist.barrier()
+            torch.manual_seed(5)  # other parameters, all replaced by the file's
+            model = m.build().eval()
+            if check == "load":
+                m.parallelize(model, tp_mesh=mesh)
+            else:
+                mesh2 = init_device_mesh("cpu", (2, size // 2), mesh_dim_names=("dp", "tp"))
+                m.parallelize(model, tp_mesh=mesh2["tp"], dp_mesh=mesh2["dp"])
+            read = load_weights(model, path)
+            with torch.no_grad():
+                found[check] = (model(*inputs) - whole(*inputs)).abs().max().item()
+            found[check + "-read"] = sum(read.values()) / sum(
+                p.numel() for p in whole.parameters())
+        elif check == "restore":
+            from runtime.distributed import load_state, save_state
+
+            alone = [x.item() for x in train(make(m), inputs, targets)]
+            model = m.parallelize(make(m), tp_mesh=mesh)
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+            first = [x.item() for x in train(model, inputs, targets, 2, opt)]
+            folder = os.path.join(os.environ["FGC_WORK"], "state")
+            save_state(model, opt, folder)
+            torch.manual_seed(9)  # another start, all replaced by the saved state
+            model = m.parallelize(m.build(), tp_mesh=mesh)
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+            load_state(model, opt, folder)
+            rest = [x.item() for x in train(model, inputs, targets, STEPS - 2, opt)]
+            found[check] = max(abs(a - b) for a, b in zip(alone, first + rest))
         else:
             raise SystemExit(f"unknown check {check!r}")
     if rank == 0:

@@ -276,12 +276,15 @@ def parallelize(model, tp_mesh=None, dp_mesh=None):
                 if hasattr(m, "tp") and m.tp is None and type(m).__name__ not in TP_PLAN:
                     m.tp = model.tp
     if dp_mesh is not None:
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
 
         for layers in (c for c in model.children() if isinstance(c, nn.ModuleList)):
             for layer in layers:
                 fully_shard(layer, mesh=dp_mesh)
         fully_shard(model, mesh=dp_mesh)
+        for method in ("logits", "step"):  # entry points besides forward
+            if hasattr(model, method):
+                register_fsdp_forward_method(model, method)
     return model
 
 
