@@ -54,6 +54,14 @@ def build_parser() -> argparse.ArgumentParser:
     _config_args(q)
     q.add_argument("--format", choices=["text", "json"], default="text")
     q.add_argument("--by-module", action="store_true", help="break the count down by module")
+    q.add_argument("--tp", type=_positive_int, metavar="N",
+                   help="per-rank memory and communication with N ranks of tensor parallelism "
+                        "(parallelize()'s plan; docs/distributed.md)")
+    q.add_argument("--fsdp", type=_positive_int, metavar="M", help="... and M ranks of FSDP")
+    q.add_argument("--batch", type=_positive_int, default=1, metavar="B",
+                   help="sequences per step for the activations and traffic (default 1)")
+    q.add_argument("--seq", type=_positive_int, metavar="T",
+                   help="positions per sequence (default: the context at the configuration)")
 
     k = sub.add_parser("compile", help="emit a PyTorch module (model.py) or an ONNX graph "
                        "(model.onnx)")
@@ -649,11 +657,21 @@ def cmd_params(args) -> int:
     if counted is None:
         return code
     report = params_report(*counted)
+    spread = None
+    if args.tp or args.fsdp:
+        from .passes.scaleout import format_text
+        from .passes.scaleout import report as scaleout
+        spread = scaleout(counted[1], counted[2], args.tp or 1, args.fsdp or 1, args.batch,
+                          args.seq)
+        report["distributed"] = spread
     if args.format == "json":
         print(json.dumps(report, indent=2))
     else:
         from .table import use_color
         print(format_params_text(report, args.by_module, use_color()))
+        if spread is not None:
+            print()
+            print(format_text(spread))
     return EXIT_OK
 
 

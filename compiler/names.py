@@ -68,6 +68,9 @@ GENERATED = {
     "self", "B", "T", "device", "dtype", "l", "layer", "start", "past", "sites", "site", "kv",
     "logits", "step", "cache_sites", "cache", "signature", "reset_parameters", "layers",
     "config",
+    # tensor parallelism: the plan, a module's ranks and what the helpers' classes bind
+    "TP_PLAN", "tp", "mesh", "group", "rank", "size", "ctx", "tensor", "axis", "grad",
+    "parts", "backward",
 }
 # unittest's deprecated aliases: ruff (UP005) rewrites a call `self.assert_(...)`, so a
 # submodule may not be called so
@@ -75,8 +78,9 @@ LINT = {"assert_", "assertEquals", "assertNotEquals", "assertAlmostEquals",
         "assertNotAlmostEquals", "assertRegexpMatches", "assertRaisesRegexp", "failUnless",
         "failIf", "failUnlessEqual", "failIfEqual", "failUnlessAlmostEqual",
         "failIfAlmostEqual", "failUnlessRaises", "assertDictContainsSubset"}
-# the model's attributes holding its second, third, ... `layers` block (layers_attr)
-GENERATED_PATTERN = re.compile(r"layers\d+")
+# the model's attributes holding its second, third, ... `layers` block (layers_attr),
+# and a value as split computations read it (codegen's Body._entered)
+GENERATED_PATTERN = re.compile(r"layers\d+|\w+_entered_*")
 
 
 def template_names(text: str) -> set[str]:

@@ -15,6 +15,8 @@ parallelised module computes with what the same module computes alone in this pr
     saved as safetensors, loaded into a parallelised model built from another seed by
     runtime.distributed.load_weights, then the forward pass; `load-read` and
     `2d-load-read` give the share of the entries rank 0 read;
+  - `budget`: what one training step under tensor parallelism holds and sends (see
+    measured()), for `fgc params --tp` to be checked against;
   - `restore`: 2 AdamW steps under tensor parallelism, the training state saved
     (runtime.distributed.save_state), restored into a model and optimizer built from
     another seed, and 3 more steps: the 5 losses of the uninterrupted run.
@@ -103,6 +105,48 @@ def generate(model, x, steps: int = 3) -> torch.Tensor:
     return torch.stack(out, 1)
 
 
+def measured(m, mesh, inputs, targets) -> dict[str, float]:
+    """What one training step under tensor parallelism holds and sends: the parameters'
+    entries on the rank holding most, the entries every collective of the step is handed on
+    rank 0 (all-reduce: the tensor; all-gather: the gathered whole), and the entries of the
+    tensors the first layer's forward pass keeps for the backward pass (parameters aside)."""
+    model = m.parallelize(make(m), tp_mesh=mesh)
+    own = torch.tensor(float(sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel()
+                                 for p in model.parameters())))
+    dist.all_reduce(own, op=dist.ReduceOp.MAX)
+    sent = [0]
+    reduce, gather = dist.all_reduce, dist.all_gather
+
+    def counting_reduce(x, *a, **k):
+        sent[0] += x.numel()
+        return reduce(x, *a, **k)
+
+    def counting_gather(parts, x, *a, **k):
+        sent[0] += x.numel() * len(parts)
+        return gather(parts, x, *a, **k)
+
+    kept, storages = [0], {p.to_local().untyped_storage().data_ptr() if hasattr(p, "to_local")
+                           else p.untyped_storage().data_ptr() for p in model.parameters()}
+    first = next(c for c in model.children() if isinstance(c, torch.nn.ModuleList))[0]
+    on = [False]
+
+    def pack(t):
+        if on[0] and t.untyped_storage().data_ptr() not in storages:
+            kept[0] += t.numel()
+        return t
+
+    first.register_forward_pre_hook(lambda *_: on.__setitem__(0, True))
+    first.register_forward_hook(lambda *_: on.__setitem__(0, False))
+    dist.all_reduce, dist.all_gather = counting_reduce, counting_gather
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss_of(model, inputs, targets).backward()
+    finally:
+        dist.all_reduce, dist.all_gather = reduce, gather
+    return {"budget-params": own.item(), "budget-sent": float(sent[0]),
+            "budget-kept": float(kept[0])}
+
+
 def main() -> None:
     path, checks = sys.argv[1], sys.argv[2:]
     m = load(path)
@@ -167,6 +211,10 @@ def main() -> None:
                 mesh2 = init_device_mesh("cpu", (2, size // 2), mesh_dim_names=("dp", "tp"))
                 m.parallelize(model, tp_mesh=mesh2["tp"], dp_mesh=mesh2["dp"])
             read = load_weights(model, path)
+            own = torch.tensor(float(sum(p.to_local().numel() if hasattr(p, "to_local")
+                                         else p.numel() for p in model.parameters())))
+            dist.all_reduce(own, op=dist.ReduceOp.MAX)
+            found[check + "-params"] = own.item()  # on the fullest rank
             with torch.no_grad():
                 found[check] = (model(*inputs) - whole(*inputs)).abs().max().item()
             found[check + "-read"] = sum(read.values()) / sum(
@@ -186,6 +234,8 @@ def main() -> None:
             load_state(model, opt, folder)
             rest = [x.item() for x in train(model, inputs, targets, STEPS - 2, opt)]
             found[check] = max(abs(a - b) for a, b in zip(alone, first + rest))
+        elif check == "budget":
+            found.update(measured(m, mesh, inputs, targets))
         else:
             raise SystemExit(f"unknown check {check!r}")
     if rank == 0:

@@ -65,12 +65,25 @@ def torchrun(ranks: int, model_py: str, *checks: str) -> dict[str, float]:
 
 @pytest.mark.parametrize("spec", sorted(CASES))
 def test_parallel_runs_equal_one_process(spec, tmp_path):
-    found = torchrun(2, compiled(spec, tmp_path), *CHECKS[spec])
+    found = torchrun(2, compiled(spec, tmp_path), *CHECKS[spec], "budget")
     assert set(CHECKS[spec]) <= set(found)
     for check in CHECKS[spec]:
         assert found[check] <= TOL, f"{spec} {check}: {found[check]}"
     if "load" in found:  # each rank read its blocks: about half of the split parameters
         assert found["load-read"] < 0.75, found
+    # `fgc params --tp 2` at the run's batch and length: the parameters the fullest rank
+    # holds and the entries one training step hands to collectives, exactly; the values
+    # of the first layer a bound on what its forward pass keeps for the backward pass
+    r = fgc("params", str(ROOT / "specs" / f"{spec}.fgpt"), *set_args(CASES[spec]),
+            "--tp", "2", "--batch", "4", "--seq", "7", "--format", "json")
+    assert r.returncode == 0, r.stderr
+    plan = json.loads(r.stdout)["distributed"]
+    per_rank = {x["what"]: x["entries"] for x in plan["per_rank"]}
+    sent = sum(b["layers"] * sum(x["entries"] for x in b["per_layer_step"][:2])
+               for b in plan["blocks"]) + sum(x["entries"] for x in plan["outside_layers_step"])
+    assert per_rank["parameters"] == found["budget-params"]
+    assert sent == found["budget-sent"]
+    assert 0 < found["budget-kept"] <= plan["blocks"][0]["activations"]["entries"]
 
 
 def test_fsdp_over_tensor_parallel_at_four_ranks(tmp_path):
@@ -78,6 +91,10 @@ def test_fsdp_over_tensor_parallel_at_four_ranks(tmp_path):
     assert found["2d-train"] <= TOL
     assert found["2d-load"] <= TOL
     assert found["2d-load-read"] < 0.5, found  # FSDP shards every parameter too
+    r = fgc("params", str(ROOT / "specs" / "llama.fgpt"), *set_args(CASES["llama"]),
+            "--tp", "2", "--fsdp", "2", "--format", "json")
+    per_rank = {x["what"]: x["entries"] for x in json.loads(r.stdout)["distributed"]["per_rank"]}
+    assert per_rank["parameters"] == found["2d-load-params"]
 
 
 def test_comparisons_are_not_blind(tmp_path):

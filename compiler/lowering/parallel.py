@@ -79,6 +79,7 @@ class Plan:
     picks: dict[str, bool] = field(default_factory=dict)  # gather_members/grouped attention
     # result -> whether the family it reads is split (its picks then local to the rank)
     blocks: set[str] = field(default_factory=set)  # `members` results: the rank's block
+    split: set[str] = field(default_factory=set)  # every value held split (a block per rank)
 
     @property
     def active(self) -> bool:
@@ -187,6 +188,7 @@ class _Walk:
                 # gathered where it is made: the logits a model's softmax reads are its
                 # output too (logits())
                 self.plan.gather.add(name)
+                self.plan.split.discard(name)
                 self.state[name] = None
             else:
                 self.plan.uses[(e.outs[0].name, k)] = "gather"
@@ -207,6 +209,8 @@ class _Walk:
         for o in e.outs:
             self.state[o.name] = s
             self.made_by[o.name] = e
+            if s is not None and s != PARTIAL:
+                self.plan.split.add(o.name)
 
     # -- the walk
     def run(self) -> None:
@@ -218,6 +222,7 @@ class _Walk:
                 self.plan.reduce.add(name)
             elif s is not None:
                 self.plan.gather.add(name)
+                self.plan.split.discard(name)
         for name in list(self.plan.splits):
             if name in self.undo:
                 del self.plan.splits[name]

@@ -568,7 +568,7 @@ class Body:
             for k, v in enumerate(ins):
                 use = self.tp.uses.get((e.outs[0].name, k))
                 if use == "enter":  # a replicated value read by a split computation
-                    v.expr = call("tp_enter", v.expr, TP)
+                    ins[k] = self._entered(e.ins[k], v, e)
                 elif use == "gather":  # a split value read whole
                     v.expr = call("tp_gather", v.expr, _split_axis(v), TP)
         # where each result's axes are and how its integers are held: the lowering's
@@ -620,6 +620,26 @@ class Body:
             self.exprs[names[0]] = exprs[0]
             self.tuples = getattr(self, "tuples", {})
             self.tuples[names[0]] = names
+
+    def _entered(self, o: Operand, v: _Val, e: Eqn) -> _Val:
+        """A replicated value as split computations read it: through tp_enter (backward,
+        the ranks' gradients summed), one for all its uses in this body, so that the sum
+        is one all-reduce."""
+        key = (o.name, str(o.member))
+        entered = self.__dict__.setdefault("entered", {})
+        if key not in entered:
+            py = self.namer(f"{o.name}_entered")
+            expr = call("tp_enter", v.expr, TP)
+            self.by_py[py] = _Val(Ref(py), v.layout, v.type, raw_lo=v.raw_lo)
+            self.exprs[py] = expr
+            self.deps[py] = list(expr.refs())
+            self.comments[py] = "read by split computations: backward, its gradient summed"
+            self.pending.append((py, e))
+            entered[key] = py
+        out = _Val(Ref(entered[key]), v.layout, v.type, raw_lo=v.raw_lo, producer=v.producer,
+                   named=v.named)
+        out.stored = v.stored
+        return out
 
     def _tp_made(self, out: ir.Value, expr: Expr, layout: Layout) -> Expr:
         """A value as the tensor-parallel plan has it made: this rank's block of a family

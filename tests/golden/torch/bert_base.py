@@ -149,9 +149,9 @@ class _Enter(torch.autograd.Function):
     the ranks' gradients (each holds its block's share)."""
 
     @staticmethod
-    def forward(ctx, x, group):
+    def forward(ctx, tensor, group):
         ctx.group = group
-        return x.view_as(x)
+        return tensor.view_as(tensor)
 
     @staticmethod
     def backward(ctx, grad):
@@ -165,10 +165,10 @@ class _Reduce(torch.autograd.Function):
     every rank's)."""
 
     @staticmethod
-    def forward(ctx, x, group):
-        x = x.contiguous().clone()
-        torch.distributed.all_reduce(x, group=group)
-        return x
+    def forward(ctx, tensor, group):
+        tensor = tensor.contiguous().clone()
+        torch.distributed.all_reduce(tensor, group=group)
+        return tensor
 
     @staticmethod
     def backward(ctx, grad):
@@ -180,10 +180,10 @@ class _Gather(torch.autograd.Function):
     block of the gradient."""
 
     @staticmethod
-    def forward(ctx, x, axis, tp):
+    def forward(ctx, tensor, axis, tp):
         ctx.axis, ctx.tp = axis, tp
-        parts = [torch.empty_like(x) for _ in range(tp.size)]
-        torch.distributed.all_gather(parts, x.contiguous(), group=tp.group)
+        parts = [torch.empty_like(tensor) for _ in range(tp.size)]
+        torch.distributed.all_gather(parts, tensor.contiguous(), group=tp.group)
         return torch.cat(parts, dim=axis)
 
     @staticmethod
@@ -343,11 +343,13 @@ class MH(nn.Module):
         nn.init.zeros_(self.b_O)
 
     def forward(self, X):
+        # read by split computations: backward, its gradient summed
+        X_entered_________2 = tp_enter(X, self.tp)
         # (*, A, T, D)  bert.fgpt:37
         head = self.Attention(
             (
                 (
-                    project(tp_enter(X, self.tp), local(self.W_Q).flatten(-2))
+                    project(X_entered_________2, local(self.W_Q).flatten(-2))
                     .unflatten(-1, (-1, self.D))
                     .movedim(-2, -3)
                 )
@@ -355,7 +357,7 @@ class MH(nn.Module):
             ),
             (
                 (
-                    project(tp_enter(X, self.tp), local(self.W_K).flatten(-2))
+                    project(X_entered_________2, local(self.W_K).flatten(-2))
                     .unflatten(-1, (-1, self.D))
                     .movedim(-2, -3)
                 )
@@ -363,7 +365,7 @@ class MH(nn.Module):
             ),
             (
                 (
-                    project(tp_enter(X, self.tp), local(self.W_V).flatten(-2))
+                    project(X_entered_________2, local(self.W_V).flatten(-2))
                     .unflatten(-1, (-1, self.D))
                     .movedim(-2, -3)
                 )
