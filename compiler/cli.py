@@ -553,6 +553,9 @@ def cmd_check(args) -> int:
     from .errors import FgcError, Sources, printable
     from .pipeline import load
     if getattr(args, "weights", None) is not None:
+        if getattr(args, "tp", None):
+            print("fgc: error: --tp checks specs, not --weights FOLDER", file=sys.stderr)
+            return EXIT_USAGE
         return _check_folder(args)
     results = []
     worst = EXIT_OK
@@ -646,6 +649,9 @@ def _expand_paths(paths: list[str]) -> list[str] | None:
 
 
 def cmd_params(args) -> int:
+    if (args.tp or args.fsdp) and (len(args.files) > 1 or os.path.isdir(args.files[0])):
+        print("fgc: error: --tp and --fsdp take one spec file", file=sys.stderr)
+        return EXIT_USAGE
     if len(args.files) == 1 and os.path.isdir(args.files[0]):
         return _params_folder(args)
     if len(args.files) > 1:
@@ -661,8 +667,13 @@ def cmd_params(args) -> int:
     if args.tp or args.fsdp:
         from .passes.scaleout import format_text
         from .passes.scaleout import report as scaleout
-        spread = scaleout(counted[1], counted[2], args.tp or 1, args.fsdp or 1, args.batch,
-                          args.seq)
+        from .errors import FgcError
+        try:
+            spread = scaleout(counted[1], counted[2], args.tp or 1, args.fsdp or 1, args.batch,
+                              args.seq)
+        except FgcError as e:
+            _print_diagnostics(e.diagnostics, spec.sources)
+            return EXIT_SPEC
         report["distributed"] = spread
     if args.format == "json":
         print(json.dumps(report, indent=2))

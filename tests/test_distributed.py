@@ -160,3 +160,26 @@ def test_the_example_trains_and_saves_its_state(tmp_path):
                   if line.startswith("step")]
         assert len(losses) == 2 and losses[-1] < losses[0] - 0.5, r.stdout
         assert len(list(out.glob("*.safetensors"))) == 2
+
+
+def test_planning_numbers_follow_what_parallelize_does():
+    """`fgc params --tp`: a size the ranks cannot split is an error at its line; the model's
+    own vocabulary that they cannot split stays whole (as parallelize() leaves it), and the
+    figures say so; one spec at a time."""
+    spec = str(ROOT / "specs" / "gpt2.fgpt")
+    r = fgc("params", spec, "--preset", "xl", "--tp", "2")
+    assert r.returncode == 1 and r.stdout == ""
+    assert "gpt2.fgpt:27:9: error: `MH` splits `W^Q`" in r.stderr and "A = 25" in r.stderr
+    r = fgc("params", spec, "--preset", "small", "--tp", "2", "--format", "json")
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    plan = report["distributed"]
+    assert plan["whole"] == ["W_e"]
+    per_rank = {x["what"]: x["entries"] for x in plan["per_rank"]}
+    # the heads and the feed-forward net split, the embeddings whole
+    h, v, n = 768, 50257, 1024
+    assert per_rank["parameters"] < report["total"] // 2 + (v + n) * h
+    assert per_rank["parameters"] > (v + n) * h
+    assert all(x["entries"] == 0 for x in plan["outside_layers_step"])
+    r = fgc("params", spec, str(ROOT / "specs" / "llama.fgpt"), "--tp", "2")
+    assert r.returncode == 2 and "--tp and --fsdp take one spec file" in r.stderr

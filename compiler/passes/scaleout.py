@@ -249,11 +249,27 @@ def report(cfg, sym, tp: int, fsdp: int, batch: int, seq: int | None) -> dict:
     B and T) and numbers at the configuration `cfg` (`sym`: the symbolic one)."""
     from ..elaborate.symbolic import format_poly
     from ..lowering import prepare
-    from ..lowering.parallel import plan
+    from ..errors import Diagnostic, FgcError
+    from ..lowering.parallel import divisibility, plan
 
     model, functions = prepare(sym.model, sym.functions)
     plans = plan(model, functions)
     values = {k: v.const_value() if isinstance(v, Poly) else v for k, v in cfg.values.items()}
+    uneven = divisibility(plans, values, tp)
+    grouped: dict[tuple, list] = {}  # (module, size) -> its parameters split along it
+    for module, name, split, n in uneven:
+        if module:
+            grouped.setdefault((module, str(split.size), n), [split.span]).append(name)
+    refused = [Diagnostic("error", f"`{module}` splits {', '.join(f'`{x}`' for x in names)} "
+                          f"along {size} = {n}, which {tp} ranks of tensor parallelism cannot "
+                          "split evenly", span, "choose a number of ranks that divides it; "
+                          "fgc check SPEC --tp N lists every preset's")
+               for (module, size, n), (span, *names) in grouped.items()]
+    if refused:
+        raise FgcError.many(refused)
+    whole = sorted(name for module, name, _, _ in uneven if not module)
+    if whole:  # the model's own stay whole, and its body runs as in one process
+        plans = {k: p for k, p in plans.items() if k}
     seqs = sorted(ir.sequence_symbols(model, functions))
     if seq is None:
         seq = int(values[seqs[0]]) if seqs else 1
@@ -294,6 +310,7 @@ def report(cfg, sym, tp: int, fsdp: int, batch: int, seq: int | None) -> dict:
         row("tensor parallel, backward", formula.outside.backward, numbers.outside.backward),
     ]
     return {"tp": tp, "fsdp": fsdp, "ranks": tp * fsdp, "batch": batch, "seq": seq,
+            "whole": whole,
             "dtype": "float32", "per_rank": rows, "blocks": blocks,
             "outside_layers_step": outside}
 
@@ -309,6 +326,9 @@ def format_text(r: dict) -> str:
         for x in rows:
             out.append(f"  {x['what']:<{width}}  {x['entries']:>16,} entries  "
                        f"{_human(x['bytes']):>10}   = {x['formula'] or '0'}")
+    if r["whole"]:
+        out.insert(1, f"the model's own {', '.join(r['whole'])} stay whole: {r['tp']} ranks "
+                      "cannot split them evenly (docs/distributed.md)")
     lines(r["per_rank"] + [b["activations"] for b in r["blocks"][:1]])
     for k, b in enumerate(r["blocks"]):
         which = f" of layers block {k + 1}" if len(r["blocks"]) > 1 else ""
