@@ -665,9 +665,9 @@ def cmd_params(args) -> int:
     report = params_report(*counted)
     spread = None
     if args.tp or args.fsdp:
+        from .errors import FgcError
         from .passes.scaleout import format_text
         from .passes.scaleout import report as scaleout
-        from .errors import FgcError
         try:
             spread = scaleout(counted[1], counted[2], args.tp or 1, args.fsdp or 1, args.batch,
                               args.seq)

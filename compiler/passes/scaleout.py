@@ -248,8 +248,8 @@ def report(cfg, sym, tp: int, fsdp: int, batch: int, seq: int | None) -> dict:
     """What `fgc params --tp N --fsdp M` adds: per rank, formulas (in the hyperparameters,
     B and T) and numbers at the configuration `cfg` (`sym`: the symbolic one)."""
     from ..elaborate.symbolic import format_poly
-    from ..lowering import prepare
     from ..errors import Diagnostic, FgcError
+    from ..lowering import prepare
     from ..lowering.parallel import divisibility, plan
 
     model, functions = prepare(sym.model, sym.functions)
