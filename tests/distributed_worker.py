@@ -15,12 +15,14 @@ parallelised module computes with what the same module computes alone in this pr
     saved as safetensors, loaded into a parallelised model built from another seed by
     runtime.distributed.load_weights, then the forward pass; `load-read` and
     `2d-load-read` give the share of the entries rank 0 read;
+  - `blind`: the forward check with tp_reduce the identity (a plan without its sums);
+  - `refused`: parallelize() of 3 heads over 2 ranks, its error's message;
   - `budget`: what one training step under tensor parallelism holds and sends (see
     measured()), for `fgc params --tp` to be checked against;
   - `restore`: 2 AdamW steps under tensor parallelism, the training state saved
     (runtime.distributed.save_state), restored into a model and optimizer built from
     another seed, and 3 more steps: the 5 losses of the uninterrupted run.
-Rank 0 prints one JSON line: check -> the largest difference found. FGC_WORK names a
+Rank 0 prints one JSON line: check -> the largest difference found (or what it says). FGC_WORK names a
 folder all ranks share.
 """
 
@@ -234,6 +236,23 @@ def main() -> None:
             load_state(model, opt, folder)
             rest = [x.item() for x in train(model, inputs, targets, STEPS - 2, opt)]
             found[check] = max(abs(a - b) for a, b in zip(alone, first + rest))
+        elif check == "blind":  # the forward check with the reductions left out
+            model = make(m).eval()
+            reduce = m.tp_reduce
+            m.tp_reduce = lambda x, tp: x
+            try:
+                with torch.no_grad():
+                    alone = model(*inputs)
+                    m.parallelize(model, tp_mesh=mesh)
+                    found[check] = (model(*inputs) - alone).abs().max().item()
+            finally:
+                m.tp_reduce = reduce
+        elif check == "refused":  # three heads over two ranks
+            try:
+                m.parallelize(m.build(A=3, H=24), tp_mesh=mesh)
+                found[check] = "split"
+            except ValueError as e:
+                found[check] = str(e)
         elif check == "budget":
             found.update(measured(m, mesh, inputs, targets))
         else:

@@ -45,6 +45,11 @@ CHECKS = {
 }
 
 
+# and checks of the checks: the forward comparison sees a plan without its all-reduces (by
+# far more than the tolerance); parallelize() refuses 3 heads over 2 ranks, naming them
+EXTRA = {"llama": ["blind"], "gpt2": ["refused"]}
+
+
 def compiled(spec: str, folder) -> str:
     r = fgc("compile", str(ROOT / "specs" / f"{spec}.fgpt"), "--target", "torch",
             *set_args(CASES[spec]), "-o", str(folder))
@@ -65,7 +70,7 @@ def torchrun(ranks: int, model_py: str, *checks: str) -> dict[str, float]:
 
 @pytest.mark.parametrize("spec", sorted(CASES))
 def test_parallel_runs_equal_one_process(spec, tmp_path):
-    found = torchrun(2, compiled(spec, tmp_path), *CHECKS[spec], "budget")
+    found = torchrun(2, compiled(spec, tmp_path), *CHECKS[spec], "budget", *EXTRA.get(spec, []))
     assert set(CHECKS[spec]) <= set(found)
     for check in CHECKS[spec]:
         assert found[check] <= TOL, f"{spec} {check}: {found[check]}"
@@ -84,6 +89,11 @@ def test_parallel_runs_equal_one_process(spec, tmp_path):
     assert per_rank["parameters"] == found["budget-params"]
     assert sent == found["budget-sent"]
     assert 0 < found["budget-kept"] <= plan["blocks"][0]["activations"]["entries"]
+    if spec == "llama":
+        assert found["blind"] > 100 * TOL
+    if spec == "gpt2":
+        assert found["refused"] == ("MH.W_Q: its axis 1 has 3 entries, which 2 ranks cannot "
+                                    "split evenly")
 
 
 def test_fsdp_over_tensor_parallel_at_four_ranks(tmp_path):
@@ -95,35 +105,6 @@ def test_fsdp_over_tensor_parallel_at_four_ranks(tmp_path):
             "--tp", "2", "--fsdp", "2", "--format", "json")
     per_rank = {x["what"]: x["entries"] for x in json.loads(r.stdout)["distributed"]["per_rank"]}
     assert per_rank["parameters"] == found["2d-load-params"]
-
-
-def test_comparisons_are_not_blind(tmp_path):
-    """The forward check sees a wrong split: a model whose plan forgets its reductions
-    (tp_reduce made the identity) differs by far more than the tolerance."""
-    path = compiled("llama", tmp_path)
-    text = open(path).read()
-    broken = text.replace("def tp_reduce(x, tp):\n    return x if tp is None else "
-                          "_Reduce.apply(x, tp.group)",
-                          "def tp_reduce(x, tp):\n    return x")
-    assert broken != text
-    (tmp_path / "broken.py").write_text(broken)
-    found = torchrun(2, str(tmp_path / "broken.py"), "forward")
-    assert found["forward"] > 100 * TOL
-
-
-def test_a_size_the_ranks_cannot_split_is_refused(tmp_path):
-    """Three heads on two ranks: parallelize() names the parameter and the size, and `fgc
-    check --tp 2` locates it at the spec's line (with every preset it reaches)."""
-    sizes = {**CASES["gpt2"], "A": 3, "H": 24}
-    r = fgc("compile", str(ROOT / "specs" / "gpt2.fgpt"), "--target", "torch",
-            *set_args(sizes), "-o", str(tmp_path))
-    assert r.returncode == 0, r.stderr
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                        "--nproc-per-node=2", str(WORKER), str(tmp_path / "model.py"),
-                        "forward"], capture_output=True, text=True, timeout=LIMIT, env=env)
-    assert r.returncode != 0
-    assert "MH.W_Q: its axis 1 has 3 entries, which 2 ranks cannot split evenly" in r.stderr
 
 
 def test_check_locates_what_the_ranks_cannot_split():
@@ -145,10 +126,10 @@ def test_check_locates_what_the_ranks_cannot_split():
 
 
 def test_the_example_trains_and_saves_its_state(tmp_path):
-    """examples/train_distributed.py at 2 ranks, tensor-parallel and then FSDP: the loss falls
-    and every rank writes its blocks of the training state."""
+    """examples/train_distributed.py at 2 ranks under FSDP: the loss falls and every rank
+    writes its blocks of the training state (its tensor parallelism: the tests above)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    for tp in ("2", "1"):
+    for tp in ("1",):  # FSDP over the 2 ranks (logits() through FSDP's hooks)
         out = tmp_path / f"state-tp{tp}"
         r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                             "--nproc-per-node=2", str(ROOT / "examples" / "train_distributed.py"),
