@@ -466,6 +466,7 @@ class Body:
         self.positions: Expr | None = None
         self.fn_name = ""  # the module whose forward this is ("" for the model and layers)
         self.tp: Plan | None = None  # its tensor-parallel plan (lowering/parallel.py)
+        self.entered: dict[tuple, str] = {}  # value -> its Python name as split code reads it
         # temporaries the spec names otherwise (a module's result is the module's): the
         # name they take here, before ident; other temporaries are numbered (`%7` -> t7)
         self.spec_names: dict[str, str] = {}
@@ -626,7 +627,7 @@ class Body:
         the ranks' gradients summed), one for all its uses in this body, so that the sum
         is one all-reduce."""
         key = (o.name, str(o.member))
-        entered = self.__dict__.setdefault("entered", {})
+        entered = self.entered
         if key not in entered:
             py = self.namer(f"{o.name}_entered")
             expr = call("tp_enter", v.expr, TP)
@@ -879,15 +880,12 @@ def _matmul(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> Expr:
         # family axis moved in front of the member's rows
         fam = e.family[1] if e.family else y.type.family
         size = py_poly(fam, b.sym) if fam is not None else Const(-1)
+        last: Expr = Const(-1)
         if b.tp is not None and fam is not None and str(fam) in b.tp.families:
-            size = Const(-1)  # this rank's members: as many as its block of the weights
-            prod = method(call("project", x.expr, method(y.stored, "flatten", Const(-2))),
-                          "unflatten", Const(-1), Tuple((size, py_poly(y.type.shape[-1],
-                                                                       b.sym))))
-            r = x.layout.rank
-            return prod if r == 1 else method(prod, "movedim", Const(-2), Const(-r - 1))
+            # this rank's members: as many as its block of the weights holds
+            size, last = Const(-1), py_poly(y.type.shape[-1], b.sym)
         prod = method(call("project", x.expr, method(y.stored, "flatten", Const(-2))),
-                      "unflatten", Const(-1), Tuple((size, Const(-1))))
+                      "unflatten", Const(-1), Tuple((size, last)))
         r = x.layout.rank
         return prod if r == 1 else method(prod, "movedim", Const(-2), Const(-r - 1))
     xs = _align(b, x, out) if x.layout.rank and x.layout.rank >= 2 else x.expr
