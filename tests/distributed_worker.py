@@ -22,8 +22,8 @@ parallelised module computes with what the same module computes alone in this pr
   - `restore`: 2 AdamW steps under tensor parallelism, the training state saved
     (runtime.distributed.save_state), restored into a model and optimizer built from
     another seed, and 3 more steps: the 5 losses of the uninterrupted run.
-Rank 0 prints one JSON line: check -> the largest difference found (or what it says). FGC_WORK names a
-folder all ranks share.
+Rank 0 prints one JSON line: check -> the largest difference found (or what it says).
+FGC_WORK names a folder all ranks share.
 """
 
 from __future__ import annotations
