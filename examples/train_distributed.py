@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -111,6 +112,8 @@ def main(argv: list[str] | None = None) -> None:
             print(f"wrote the training state into {args.out}", flush=True)
     dist.barrier()
     dist.destroy_process_group()
+    sys.stdout.flush()
+    os._exit(0)  # done: gloo's threads can abort an interpreter shutdown after this
 
 
 if __name__ == "__main__":

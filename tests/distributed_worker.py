@@ -15,6 +15,9 @@ parallelised module computes with what the same module computes alone in this pr
     saved as safetensors, loaded into a parallelised model built from another seed by
     runtime.distributed.load_weights, then the forward pass; `load-read` and
     `2d-load-read` give the share of the entries rank 0 read;
+  - `idle-experts`: 3 AdamW steps under tensor parallelism with every position routed to
+    the experts of rank 0 (rank 1's computing none), and `idle-experts-calls` how many more
+    all-reduces one rank made than another (0: the ranks in step);
   - `blind`: the forward check with tp_reduce the identity (a plan without its sums);
   - `refused`: parallelize() of 3 heads over 2 ranks, its error's message;
   - `budget`: what one training step under tensor parallelism holds and sends (see
@@ -236,6 +239,31 @@ def main() -> None:
             load_state(model, opt, folder)
             rest = [x.item() for x in train(model, inputs, targets, STEPS - 2, opt)]
             found[check] = max(abs(a - b) for a, b in zip(alone, first + rest))
+        elif check == "idle-experts":  # every position routed to rank 0's experts
+            def idle(model):
+                with torch.no_grad():
+                    for mod in model.modules():
+                        if hasattr(mod, "W_router"):  # all logits 0, whatever the input:
+                            mod.W_router.zero_()  # the same K experts at every position,
+                            mod.W_router.requires_grad_(False)  # at every step
+                return model
+            alone = [x.item() for x in train(idle(make(m)), inputs, targets, 3)]
+            model = m.parallelize(idle(make(m)), tp_mesh=mesh)
+            calls, reduce = [0], dist.all_reduce
+
+            def counting(*a, **k):
+                calls[0] += 1
+                return reduce(*a, **k)
+            dist.all_reduce = counting
+            try:
+                got = [x.item() for x in train(model, inputs, targets, 3)]
+            finally:
+                dist.all_reduce = reduce
+            found[check] = max(abs(a - b) for a, b in zip(alone, got))
+            most, least = torch.tensor(float(calls[0])), torch.tensor(float(-calls[0]))
+            dist.all_reduce(most, op=dist.ReduceOp.MAX)
+            dist.all_reduce(least, op=dist.ReduceOp.MAX)
+            found[check + "-calls"] = most.item() + least.item()  # the ranks' difference
         elif check == "blind":  # the forward check with the reductions left out
             model = make(m).eval()
             reduce = m.tp_reduce
@@ -261,6 +289,8 @@ def main() -> None:
         print("RESULT " + json.dumps(found), flush=True)
     dist.barrier()  # every rank done with its collectives before any leaves
     dist.destroy_process_group()
+    sys.stdout.flush()
+    os._exit(0)  # not through interpreter shutdown, where gloo's threads can abort
 
 
 if __name__ == "__main__":
