@@ -152,6 +152,38 @@ def measured(m, mesh, inputs, targets) -> dict[str, float]:
             "budget-kept": float(kept[0])}
 
 
+def idle_experts(m, mesh, inputs, targets) -> dict[str, float]:
+    """3 AdamW steps under tensor parallelism with the routers frozen at 0 (every position
+    goes to the same K experts, rank 0's), against the same alone; and how many more
+    all-reduces one rank made than another."""
+    def idle(model):
+        with torch.no_grad():
+            for mod in model.modules():
+                if hasattr(mod, "W_router"):  # all logits 0, whatever the input
+                    mod.W_router.zero_()
+                    mod.W_router.requires_grad_(False)
+        return model
+
+    alone = [x.item() for x in train(idle(make(m)), inputs, targets, 3)]
+    model = m.parallelize(idle(make(m)), tp_mesh=mesh)
+    calls, reduce = [0], dist.all_reduce
+
+    def counting(*a, **k):
+        calls[0] += 1
+        return reduce(*a, **k)
+
+    dist.all_reduce = counting
+    try:
+        got = [x.item() for x in train(model, inputs, targets, 3)]
+    finally:
+        dist.all_reduce = reduce
+    most, least = torch.tensor(float(calls[0])), torch.tensor(float(-calls[0]))
+    dist.all_reduce(most, op=dist.ReduceOp.MAX)
+    dist.all_reduce(least, op=dist.ReduceOp.MAX)
+    return {"idle-experts": max(abs(a - b) for a, b in zip(alone, got)),
+            "idle-experts-calls": most.item() + least.item()}
+
+
 def main() -> None:
     path, checks = sys.argv[1], sys.argv[2:]
     m = load(path)
@@ -239,31 +271,8 @@ def main() -> None:
             load_state(model, opt, folder)
             rest = [x.item() for x in train(model, inputs, targets, STEPS - 2, opt)]
             found[check] = max(abs(a - b) for a, b in zip(alone, first + rest))
-        elif check == "idle-experts":  # every position routed to rank 0's experts
-            def idle(model):
-                with torch.no_grad():
-                    for mod in model.modules():
-                        if hasattr(mod, "W_router"):  # all logits 0, whatever the input:
-                            mod.W_router.zero_()  # the same K experts at every position,
-                            mod.W_router.requires_grad_(False)  # at every step
-                return model
-            alone = [x.item() for x in train(idle(make(m)), inputs, targets, 3)]
-            model = m.parallelize(idle(make(m)), tp_mesh=mesh)
-            calls, reduce = [0], dist.all_reduce
-
-            def counting(*a, **k):
-                calls[0] += 1
-                return reduce(*a, **k)
-            dist.all_reduce = counting
-            try:
-                got = [x.item() for x in train(model, inputs, targets, 3)]
-            finally:
-                dist.all_reduce = reduce
-            found[check] = max(abs(a - b) for a, b in zip(alone, got))
-            most, least = torch.tensor(float(calls[0])), torch.tensor(float(-calls[0]))
-            dist.all_reduce(most, op=dist.ReduceOp.MAX)
-            dist.all_reduce(least, op=dist.ReduceOp.MAX)
-            found[check + "-calls"] = most.item() + least.item()  # the ranks' difference
+        elif check == "idle-experts":
+            found.update(idle_experts(m, mesh, inputs, targets))
         elif check == "blind":  # the forward check with the reductions left out
             model = make(m).eval()
             reduce = m.tp_reduce
