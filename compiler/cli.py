@@ -58,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="per-rank memory and communication with N ranks of tensor parallelism "
                         "(parallelize()'s plan; docs/distributed.md)")
     q.add_argument("--fsdp", type=_positive_int, metavar="M", help="... and M ranks of FSDP")
-    q.add_argument("--batch", type=_positive_int, default=1, metavar="B",
+    q.add_argument("--batch", type=_positive_int, metavar="B",
                    help="sequences per step for the activations and traffic (default 1)")
     q.add_argument("--seq", type=_positive_int, metavar="T",
                    help="positions per sequence (default: the context at the configuration)")
@@ -652,6 +652,10 @@ def cmd_params(args) -> int:
     if (args.tp or args.fsdp) and (len(args.files) > 1 or os.path.isdir(args.files[0])):
         print("fgc: error: --tp and --fsdp take one spec file", file=sys.stderr)
         return EXIT_USAGE
+    if (args.batch or args.seq) and not (args.tp or args.fsdp):
+        print("fgc: error: --batch and --seq size the figures of --tp and --fsdp; give one",
+              file=sys.stderr)
+        return EXIT_USAGE
     if len(args.files) == 1 and os.path.isdir(args.files[0]):
         return _params_folder(args)
     if len(args.files) > 1:
@@ -669,8 +673,8 @@ def cmd_params(args) -> int:
         from .passes.scaleout import format_text
         from .passes.scaleout import report as scaleout
         try:
-            spread = scaleout(counted[1], counted[2], args.tp or 1, args.fsdp or 1, args.batch,
-                              args.seq)
+            spread = scaleout(counted[1], counted[2], args.tp or 1, args.fsdp or 1,
+                              args.batch or 1, args.seq)
         except FgcError as e:
             _print_diagnostics(e.diagnostics, spec.sources)
             return EXIT_SPEC

@@ -503,40 +503,15 @@ class Spec:
         module's parallelize()), each located at its parameter, at every preset (or the
         defaults when there is none)."""
         from .lowering import prepare
-        from .lowering.parallel import Split, divisibility, plan
+        from .lowering.parallel import plan, uneven
         sym = self.symbolic()
-        plans = plan(*prepare(sym.model, sym.functions))
-        # per module and split size: its parameters split along it, each size's presets
-        found: dict[tuple[str, str], tuple[Split, list[str], dict]] = {}
+        configurations = []
         for preset in self.presets() or [None]:
             hypers, _ = self._checked_values(preset, {})
-            values = {k: v.const_value() if isinstance(v, Poly) else v
-                      for k, v in hypers.values.items()}
-            for module, name, split, n in divisibility(plans, values, tp):
-                first, names, sizes = found.setdefault((module, str(split.size)),
-                                                       (split, [], {}))
-                if name not in names:
-                    names.append(name)
-                presets = sizes.setdefault(n, [])
-                if (preset or "defaults") not in presets:
-                    presets.append(preset or "defaults")
-        out = []
-        for (module, size), (split, names, sizes) in found.items():
-            at = "; ".join(f"{size} = {n} at {', '.join(ps)}" for n, ps in sizes.items())
-            what = ", ".join(f"`{n}`" for n in names)
-            if not module:  # the model's own (the vocabulary): whole where they do not divide
-                out.append(Diagnostic(
-                    "warning", f"the model's {what} stay whole with {tp} ranks of tensor "
-                    f"parallelism, which cannot split {size} evenly ({at})", split.span,
-                    "the model's own parameters are split only where the ranks divide them; "
-                    "the layers are split all the same"))
-                continue
-            out.append(Diagnostic(
-                "error", f"`{module}` splits {what} along {size} across the ranks of tensor "
-                f"parallelism, and {tp} ranks cannot split {size} evenly ({at})", split.span,
-                f"choose a number of ranks that divides {size}; fgc does not replicate what "
-                "its plan splits (key/value heads fewer than the ranks)"))
-        return out
+            configurations.append((preset or "defaults", {
+                k: v.const_value() if isinstance(v, Poly) else v
+                for k, v in hypers.values.items()}))
+        return uneven(plan(*prepare(sym.model, sym.functions)), configurations, tp)
 
     def check(self) -> tuple[list[Diagnostic], list[Diagnostic]]:
         """(errors, warnings) over the symbolic pass, every preset and every expectation."""

@@ -166,3 +166,5 @@ def test_planning_numbers_follow_what_parallelize_does():
     assert all(x["entries"] == 0 for x in plan["outside_layers_step"])
     r = fgc("params", spec, str(ROOT / "specs" / "llama.fgpt"), "--tp", "2")
     assert r.returncode == 2 and "--tp and --fsdp take one spec file" in r.stderr
+    r = fgc("params", spec, "--batch", "4")  # sizes for figures nobody asked for
+    assert r.returncode == 2 and "give one" in r.stderr

@@ -41,6 +41,8 @@ from ..elaborate import ir
 from ..elaborate.intrinsics import intrinsic
 from ..elaborate.ir import Eqn, Loop
 from ..elaborate.symbolic import Poly
+from ..errors import Diagnostic
+from ..names import family_axis
 from .families import has_params
 
 Key = tuple[str, str]  # ("fam" | "feat", the split axis's size as text)
@@ -58,7 +60,7 @@ PER_MEMBER = frozenset({"mask", "mask_tensor"})
 @dataclass
 class Split:
     """How one parameter is split: `axis` of the tensor as the torch module stores it (a
-    family's axis where names.family_layout puts it), of size `size` (its text)."""
+    family's axis where names.family_layout puts it), of size `size`."""
 
     axis: int
     size: Poly
@@ -151,7 +153,7 @@ class _Walk:
             if o.member is not None and not isinstance(o.member, str):
                 self.undo.add(str(fam))  # a member by number: the family stays whole
                 return None
-            self._split(o.name, _family_axis(p), fam)
+            self._split(o.name, family_axis(len(p.type.shape)), fam)
             return ("fam", str(fam))
         s = self.plan.splits.get(o.name)
         if s is None:
@@ -330,21 +332,21 @@ class _Walk:
                 if t is not None and len(t.shape) == 1 and str(last) == key[1] and \
                         t.family is None and self._split(o.name, 0, last):
                     continue  # a bias along the split axis: split with it
-                if not self._broadcasts(o, key):
+                if not self._broadcasts(o):
                     return self.replicated(e)
             self.enter(e, k)
         self.set(e, key)
 
-    def _broadcasts(self, o: ir.Operand, key: Key) -> bool:
-        """Whether a replicated operand has no axis of the split size last (it broadcasts
-        across the split features)."""
+    def _broadcasts(self, o: ir.Operand) -> bool:
+        """Whether a replicated operand broadcasts across the split features: no axes, or
+        a last axis of 1."""
         v = self.made_by.get(o.name)
         t = next((x.type for x in v.outs if x.name == o.name), None) if v else None
         if t is None and o.name in self.params:
             t = self.params[o.name].type
         if t is None:
             return False  # an input of the module: its shape is the caller's
-        return not t.shape or str(t.shape[-1]) in ("1",)
+        return not t.shape or t.shape[-1] == Poly.const(1)
 
     def call(self, e: Eqn) -> None:
         fn = self.functions[e.attrs["module"]]
@@ -380,12 +382,6 @@ def _pointwise(fn: ir.Function, functions) -> bool:
     return True
 
 
-def _family_axis(p: ir.Param) -> int:
-    """Where the torch module stores a family's axis (names.family_layout)."""
-    rank = len(p.type.shape)
-    return rank - 1 if rank >= 2 else 0
-
-
 def divisibility(plans: dict[str, Plan], values: dict, tp: int
                  ) -> list[tuple[str, str, Split, int]]:
     """(module, parameter, its split, the size) for each split that `tp` ranks cannot make
@@ -396,4 +392,38 @@ def divisibility(plans: dict[str, Plan], values: dict, tp: int
             n = s.size.evaluate(values)
             if n.denominator == 1 and n % tp:
                 out.append((module, name, s, int(n)))
+    return out
+
+
+def uneven(plans: dict[str, Plan], configurations: list[tuple[str, dict]], tp: int
+           ) -> list[Diagnostic]:
+    """What `tp` ranks cannot split evenly at each (name, sizes) configuration, one
+    diagnostic per module and split size, located at its first parameter: an error in a
+    module (parallelize() refuses it), a warning for the model's own parameters (they stay
+    whole, as parallelize() leaves them)."""
+    found: dict[tuple[str, str], tuple[Split, list[str], dict]] = {}
+    for label, values in configurations:
+        for module, name, split, n in divisibility(plans, values, tp):
+            _, names, sizes = found.setdefault((module, str(split.size)), (split, [], {}))
+            if name not in names:
+                names.append(name)
+            labels = sizes.setdefault(n, [])
+            if label not in labels:
+                labels.append(label)
+    out = []
+    for (module, size), (split, names, sizes) in found.items():
+        at = "; ".join(f"{size} = {n} at {', '.join(ps)}" for n, ps in sizes.items())
+        what = ", ".join(f"`{n}`" for n in names)
+        if not module:
+            out.append(Diagnostic(
+                "warning", f"the model's {what} stay whole with {tp} ranks of tensor "
+                f"parallelism, which cannot split {size} evenly ({at})", split.span,
+                "the model's own parameters are split only where the ranks divide them; "
+                "the layers are split all the same"))
+            continue
+        out.append(Diagnostic(
+            "error", f"`{module}` splits {what} along {size} across the ranks of tensor "
+            f"parallelism, and {tp} ranks cannot split {size} evenly ({at})", split.span,
+            f"choose a number of ranks that divides {size}; fgc does not replicate what "
+            "its plan splits (key/value heads fewer than the ranks)"))
     return out

@@ -100,7 +100,7 @@ def _count_block(eqns: list[Eqn], functions, entries: list[Entry], loop: ir.Loop
         seen.add(inst)
         shared = loop is not None and inst in loop.shared
         if loop is None and e.guards:  # a condition on sizes alone: `... if E != H else ...`
-            layers = _where(e.guards, layer_env)
+            layers = guard_factor(e.guards, layer_env)
             if layers == Poly():
                 continue
         elif loop is None or shared:
@@ -138,7 +138,7 @@ def _instance(functions, module: str, bindings: dict, path: tuple[str, ...], lay
                   layers, inner_members, in_layers, shared, guards, entries)
 
 
-def _where(guards: list[ir.Guard], env: dict | None) -> Poly:
+def guard_factor(guards: list[ir.Guard], env: dict | None) -> Poly:
     """1 or 0 for an instance outside the layers under conditions on hyperparameters; with
     the sizes symbolic, the condition as a factor that is 1 where it holds: `[E != H]`."""
     if env is not None:

@@ -15,7 +15,7 @@ Per layer and training step, the bytes each rank hands to collectives:
     a split computation reads;
   - FSDP: the layer's parameters (this rank's tensor-parallel blocks) all-gathered before
     the forward pass and again before the backward pass, their gradients reduce-scattered.
-Values are float32 (4 bytes) unless `--dtype` says otherwise.
+Bytes are float32 entries (4 bytes each).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from ..elaborate.intrinsics import intrinsic, is_kind
 from ..elaborate.ir import Ell, Eqn, Loop
 from ..elaborate.symbolic import Poly
 from ..lowering.parallel import Plan
-from .params import Count, _where
+from .params import Count, guard_factor
 
 ADAM_MOMENTS = 2  # exp_avg, exp_avg_sq (the step count is one number per parameter)
 
@@ -156,7 +156,7 @@ class _Sizes:
             if v.name not in fn.mask_inputs:  # a mask by meaning is no tensor
                 types[v.name] = (v.type, Poly.const(1), (batched_inputs or [True] * 99)[k])
         for e in eqns:
-            factor = _where(e.guards, self.env) if e.guards and fn is None else 1
+            factor = guard_factor(e.guards, self.env) if e.guards and fn is None else 1
             if factor == Poly():
                 continue  # not computed at these sizes
             one = Traffic()
@@ -182,7 +182,7 @@ class _Sizes:
                 sub = self.body(fn2.eqns, self.plans.get(fn2.name), inner, inner_ell,
                                 inner_split, fn2, batched_inputs=[
                                     o.name in types and types[o.name][2] for o in e.ins])
-                if fn2.name in self.plans and _is_moe(fn2):
+                if fn2.name in self.plans and is_kind(fn2, "moe"):
                     sub = self._moe(sub, e, inner, inner_ell)
                 one.add(sub, members)
             out.add(one, factor)
@@ -237,10 +237,6 @@ class _Sizes:
         return Traffic(forward=x, backward=x + x / width * k, values=sub.values)
 
 
-def _is_moe(fn: ir.Function) -> bool:
-    return is_kind(fn, "moe")
-
-
 BYTES = 4  # float32
 
 
@@ -248,26 +244,18 @@ def report(cfg, sym, tp: int, fsdp: int, batch: int, seq: int | None) -> dict:
     """What `fgc params --tp N --fsdp M` adds: per rank, formulas (in the hyperparameters,
     B and T) and numbers at the configuration `cfg` (`sym`: the symbolic one)."""
     from ..elaborate.symbolic import format_poly
-    from ..errors import Diagnostic, FgcError
+    from ..errors import FgcError
     from ..lowering import prepare
-    from ..lowering.parallel import divisibility, plan
+    from ..lowering.parallel import divisibility, plan, uneven
 
     model, functions = prepare(sym.model, sym.functions)
     plans = plan(model, functions)
     values = {k: v.const_value() if isinstance(v, Poly) else v for k, v in cfg.values.items()}
-    uneven = divisibility(plans, values, tp)
-    grouped: dict[tuple, list] = {}  # (module, size) -> its parameters split along it
-    for module, name, split, n in uneven:
-        if module:
-            grouped.setdefault((module, str(split.size), n), [split.span]).append(name)
-    refused = [Diagnostic("error", f"`{module}` splits {', '.join(f'`{x}`' for x in names)} "
-                          f"along {size} = {n}, which {tp} ranks of tensor parallelism cannot "
-                          "split evenly", span, "choose a number of ranks that divides it; "
-                          "fgc check SPEC --tp N lists every preset's")
-               for (module, size, n), (span, *names) in grouped.items()]
-    if refused:
+    refused = [d for d in uneven(plans, [(cfg.name, values)], tp) if d.severity == "error"]
+    if refused:  # parallelize() would refuse these
         raise FgcError.many(refused)
-    whole = sorted(name for module, name, _, _ in uneven if not module)
+    whole = sorted(name for module, name, _, _ in divisibility(plans, values, tp)
+                   if not module)
     if whole:  # the model's own stay whole, and its body runs as in one process
         plans = {k: p for k, p in plans.items() if k}
     seqs = sorted(ir.sequence_symbols(model, functions))
