@@ -62,6 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sequences per step for the activations and traffic (default 1)")
     q.add_argument("--seq", type=_positive_int, metavar="T",
                    help="positions per sequence (default: the context at the configuration)")
+    q.add_argument("--no-sequence-parallel", dest="sequence", action="store_false",
+                   help="... as parallelize(sequence=False): the values between the split "
+                        "computations whole on every rank")
 
     k = sub.add_parser("compile", help="emit a PyTorch module (model.py) or an ONNX graph "
                        "(model.onnx)")
@@ -652,9 +655,9 @@ def cmd_params(args) -> int:
     if (args.tp or args.fsdp) and (len(args.files) > 1 or os.path.isdir(args.files[0])):
         print("fgc: error: --tp and --fsdp take one spec file", file=sys.stderr)
         return EXIT_USAGE
-    if (args.batch or args.seq) and not (args.tp or args.fsdp):
-        print("fgc: error: --batch and --seq size the figures of --tp and --fsdp; give one",
-              file=sys.stderr)
+    if (args.batch or args.seq or not args.sequence) and not (args.tp or args.fsdp):
+        print("fgc: error: --batch, --seq and --no-sequence-parallel shape the figures of "
+              "--tp and --fsdp; give one", file=sys.stderr)
         return EXIT_USAGE
     if len(args.files) == 1 and os.path.isdir(args.files[0]):
         return _params_folder(args)
@@ -674,7 +677,7 @@ def cmd_params(args) -> int:
         from .passes.scaleout import report as scaleout
         try:
             spread = scaleout(counted[1], counted[2], args.tp or 1, args.fsdp or 1,
-                              args.batch or 1, args.seq)
+                              args.batch or 1, args.seq, args.sequence)
         except FgcError as e:
             _print_diagnostics(e.diagnostics, spec.sources)
             return EXIT_SPEC

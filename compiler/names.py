@@ -71,6 +71,8 @@ GENERATED = {
     # tensor parallelism: the plan, a module's ranks and what the helpers' classes bind
     "TP_PLAN", "tp", "mesh", "group", "rank", "size", "ctx", "tensor", "axis", "grad",
     "parts", "backward",
+    # sequence parallelism: its plan, a module's ranks, the call's switch
+    "SP_PLAN", "sp", "sequence", "uses", "children", "ranks",
 }
 # unittest's deprecated aliases: ruff (UP005) rewrites a call `self.assert_(...)`, so a
 # submodule may not be called so

@@ -22,6 +22,10 @@ parallelised module computes with what the same module computes alone in this pr
   - `refused`: parallelize() of 3 heads over 2 ranks, its error's message;
   - `budget`: what one training step under tensor parallelism holds and sends (see
     measured()), for `fgc params --tp` to be checked against;
+  - `sequence`: sequence parallelism off (7 positions over 2 ranks, and
+    parallelize(sequence=False)) and on, each forward pass against the same alone, with
+    the reduce-scatters it made; on, a padded batch; and what the first layer keeps
+    without it;
   - `restore`: 2 AdamW steps under tensor parallelism, the training state saved
     (runtime.distributed.save_state), restored into a model and optimizer built from
     another seed, and 3 more steps: the 5 losses of the uninterrupted run.
@@ -41,7 +45,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
-BATCH, LENGTH, STEPS = 4, 7, 5
+BATCH, LENGTH, STEPS = 4, 8, 5  # 8 positions: 4 on each of 2 ranks (sequence parallel)
 
 
 def load(path: str):
@@ -110,17 +114,18 @@ def generate(model, x, steps: int = 3) -> torch.Tensor:
     return torch.stack(out, 1)
 
 
-def measured(m, mesh, inputs, targets) -> dict[str, float]:
+def measured(m, mesh, inputs, targets, sequence: bool = True) -> dict[str, float]:
     """What one training step under tensor parallelism holds and sends: the parameters'
     entries on the rank holding most, the entries every collective of the step is handed on
-    rank 0 (all-reduce: the tensor; all-gather: the gathered whole), and the entries of the
+    rank 0 (all-reduce, reduce-scatter: the tensor; all-gather: the gathered whole), and the
+    entries of the
     tensors the first layer's forward pass keeps for the backward pass (parameters aside)."""
-    model = m.parallelize(make(m), tp_mesh=mesh)
+    model = m.parallelize(make(m), tp_mesh=mesh, sequence=sequence)
     own = torch.tensor(float(sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel()
                                  for p in model.parameters())))
     dist.all_reduce(own, op=dist.ReduceOp.MAX)
     sent = [0]
-    reduce, gather = dist.all_reduce, dist.all_gather
+    reduce, gather, scatter = dist.all_reduce, dist.all_gather, dist.reduce_scatter
 
     def counting_reduce(x, *a, **k):
         sent[0] += x.numel()
@@ -129,6 +134,10 @@ def measured(m, mesh, inputs, targets) -> dict[str, float]:
     def counting_gather(parts, x, *a, **k):
         sent[0] += x.numel() * len(parts)
         return gather(parts, x, *a, **k)
+
+    def counting_scatter(out, parts, *a, **k):
+        sent[0] += sum(x.numel() for x in parts)
+        return scatter(out, parts, *a, **k)
 
     kept, storages = [0], {p.to_local().untyped_storage().data_ptr() if hasattr(p, "to_local")
                            else p.untyped_storage().data_ptr() for p in model.parameters()}
@@ -143,13 +152,52 @@ def measured(m, mesh, inputs, targets) -> dict[str, float]:
     first.register_forward_pre_hook(lambda *_: on.__setitem__(0, True))
     first.register_forward_hook(lambda *_: on.__setitem__(0, False))
     dist.all_reduce, dist.all_gather = counting_reduce, counting_gather
+    dist.reduce_scatter = counting_scatter
     try:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             loss_of(model, inputs, targets).backward()
     finally:
-        dist.all_reduce, dist.all_gather = reduce, gather
+        dist.all_reduce, dist.all_gather, dist.reduce_scatter = reduce, gather, scatter
     return {"budget-params": own.item(), "budget-sent": float(sent[0]),
             "budget-kept": float(kept[0])}
+
+
+def sequence_parallel(m, mesh, inputs, targets) -> dict[str, float]:
+    """Sequence parallelism off where the ranks cannot split the positions (7 of them) and
+    with parallelize(sequence=False): the forward pass as alone either way, and how many
+    reduce-scatters it makes (none); with it on, how many, and a padded batch (its tokens'
+    probabilities); what the first layer keeps for the backward pass without it."""
+    found = {}
+    odd = [x[:, :LENGTH - 1] for x in inputs]
+    scatter = dist.reduce_scatter
+    for name, xs, on in (("sequence-odd", odd, True), ("sequence-off", inputs, False),
+                         ("sequence-on", inputs, True)):
+        model = make(m).eval()
+        calls = [0]
+
+        def counting(*a, calls=calls, **k):
+            calls[0] += 1
+            return scatter(*a, **k)
+
+        with torch.no_grad():
+            alone = model(*xs)
+            m.parallelize(model, tp_mesh=mesh, sequence=on)
+            dist.reduce_scatter = counting
+            try:
+                found[name] = (model(*xs) - alone).abs().max().item()
+            finally:
+                dist.reduce_scatter = scatter
+        found[name + "-calls"] = calls[0]
+    mask = torch.ones(BATCH, LENGTH, dtype=torch.long)
+    mask[1, :3] = 0  # a padded batch: row 1's first 3 positions are padding
+    model = make(m).eval()
+    with torch.no_grad():
+        alone = model(*inputs, attention_mask=mask)
+        m.parallelize(model, tp_mesh=mesh)
+        found["sequence-padded"] = (model(*inputs, attention_mask=mask) - alone)[
+            mask.bool()].abs().max().item()
+    found["sequence-off-kept"] = measured(m, mesh, inputs, targets, False)["budget-kept"]
+    return found
 
 
 def idle_experts(m, mesh, inputs, targets) -> dict[str, float]:
@@ -276,7 +324,7 @@ def main() -> None:
         elif check == "blind":  # the forward check with the reductions left out
             model = make(m).eval()
             reduce = m.tp_reduce
-            m.tp_reduce = lambda x, tp: x
+            m.tp_reduce = lambda x, tp, sp=None, axis=-2, sum_=reduce: sum_(x, None, sp, axis)
             try:
                 with torch.no_grad():
                     alone = model(*inputs)
@@ -292,6 +340,8 @@ def main() -> None:
                 found[check] = str(e)
         elif check == "budget":
             found.update(measured(m, mesh, inputs, targets))
+        elif check == "sequence":
+            found.update(sequence_parallel(m, mesh, inputs, targets))
         else:
             raise SystemExit(f"unknown check {check!r}")
     if rank == 0:

@@ -47,7 +47,7 @@ CHECKS = {
 
 # and checks of the checks: the forward comparison sees a plan without its all-reduces (by
 # far more than the tolerance); parallelize() refuses 3 heads over 2 ranks, naming them
-EXTRA = {"llama": ["blind"], "gpt2": ["refused"], "mixtral": ["idle-experts"]}
+EXTRA = {"llama": ["blind", "sequence"], "gpt2": ["refused"], "mixtral": ["idle-experts"]}
 
 
 def compiled(spec: str, folder) -> str:
@@ -80,7 +80,7 @@ def test_parallel_runs_equal_one_process(spec, tmp_path):
     # holds and the entries one training step hands to collectives, exactly; the values
     # of the first layer a bound on what its forward pass keeps for the backward pass
     r = fgc("params", str(ROOT / "specs" / f"{spec}.fgpt"), *set_args(CASES[spec]),
-            "--tp", "2", "--batch", "4", "--seq", "7", "--format", "json")
+            "--tp", "2", "--batch", "4", "--seq", "8", "--format", "json")
     assert r.returncode == 0, r.stderr
     plan = json.loads(r.stdout)["distributed"]
     per_rank = {x["what"]: x["entries"] for x in plan["per_rank"]}
@@ -91,6 +91,14 @@ def test_parallel_runs_equal_one_process(spec, tmp_path):
     assert 0 < found["budget-kept"] <= plan["blocks"][0]["activations"]["entries"]
     if spec == "llama":
         assert found["blind"] > 100 * TOL
+        # sequence parallelism: on at 8 positions over 2 ranks (a reduce-scatter where each
+        # all-reduce of a partial value was), off at 7 and when asked; the same numbers, and
+        # the first layer keeps less for the backward pass with it
+        for name in ("sequence-odd", "sequence-off", "sequence-on", "sequence-padded"):
+            assert found[name] <= TOL, (name, found)
+        assert found["sequence-odd-calls"] == found["sequence-off-calls"] == 0
+        assert found["sequence-on-calls"] == 2 * CASES["llama"]["L"] + 1  # and the lookup
+        assert found["budget-kept"] < found["sequence-off-kept"]
     if spec == "mixtral":  # a rank whose experts get no position still sums the gradients
         assert found["idle-experts"] <= TOL and found["idle-experts-calls"] == 0
     if spec == "gpt2":
@@ -163,8 +171,41 @@ def test_planning_numbers_follow_what_parallelize_does():
     h, v, n = 768, 50257, 1024
     assert per_rank["parameters"] < report["total"] // 2 + (v + n) * h
     assert per_rank["parameters"] > (v + n) * h
-    assert all(x["entries"] == 0 for x in plan["outside_layers_step"])
+    # outside the layers, nothing split: with sequence parallelism (1024 positions in 2
+    # blocks), the final norm's input gathered for the head; backward, the blocks of the
+    # embeddings' gradients gathered and the final norm's weights' gradients summed
+    outside = [x["entries"] for x in plan["outside_layers_step"]]
+    assert outside == [n * h, 2 * n * h + 2 * h]
+    r = fgc("params", spec, "--preset", "small", "--tp", "2", "--format", "json",
+            "--no-sequence-parallel")
+    assert all(x["entries"] == 0 for x in json.loads(r.stdout)["distributed"][
+        "outside_layers_step"])
     r = fgc("params", spec, str(ROOT / "specs" / "llama.fgpt"), "--tp", "2")
     assert r.returncode == 2 and "--tp and --fsdp take one spec file" in r.stderr
     r = fgc("params", spec, "--batch", "4")  # sizes for figures nobody asked for
+    assert r.returncode == 2 and "give one" in r.stderr
+
+
+def test_planning_numbers_with_and_without_sequence_parallelism():
+    """Sequence parallelism where the ranks split the positions: the activations between
+    the split computations in blocks (less per layer), the all-reduces of partial values
+    as reduce-scatters and all-gathers; off when asked or at a length they cannot split."""
+    llama = str(ROOT / "specs" / "llama.fgpt")
+
+    def plan(*extra):
+        r = fgc("params", llama, *set_args(CASES["llama"]), "--tp", "2", "--batch", "4",
+                "--format", "json", *extra)
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)["distributed"]
+    on, off, odd = plan("--seq", "8"), plan("--seq", "8", "--no-sequence-parallel"), \
+        plan("--seq", "7")
+    assert on["sequence_parallel"] and not off["sequence_parallel"]
+    assert not odd["sequence_parallel"] and odd["sequence_asked"]
+    acts = [p["blocks"][0]["activations"]["entries"] for p in (on, off)]
+    assert acts[0] < acts[1]
+    h, b, t = CASES["llama"]["H"], 4, 8
+    # per layer, forward: 2 all-reduces of B*T*H -> 2 reduce-scatters and 2 all-gathers
+    fwd = [p["blocks"][0]["per_layer_step"][0]["entries"] for p in (on, off)]
+    assert fwd == [4 * b * t * h, 2 * b * t * h]
+    r = fgc("params", llama, "--no-sequence-parallel")
     assert r.returncode == 2 and "give one" in r.stderr

@@ -166,7 +166,9 @@ def test_lookups_compute_what_the_one_hot_products_did(tmp_path):
     assert max(both_backends(tmp_path, LOOKUPS, lengths=(6, 3))) <= 1e-5
     code = (tmp_path / "torch" / "model.py").read_text()
     # the token table's lookup, split along the vocabulary under parallelize() (tp_lookup)
-    assert "tp_lookup(x, local(self.W_e), self.tp)" in code and "embedding(t, self.W_t)" in code
+    # (its rows summed over the ranks, or reduce-scattered along the positions, -2)
+    assert "tp_lookup(x, local(self.W_e), self.tp, self.sp, -2)" in code
+    assert "embedding(t, self.W_t)" in code
     assert "embedding(x - 1, " not in code  # x is held 0-based: it is the row as it is
 
 
@@ -241,7 +243,7 @@ def test_what_every_layer_computes_alike_is_computed_once_in_both_backends(tmp_p
     code = (tmp_path / "torch" / "model.py").read_text()
     layer, model_class = code.split("class HoistedLayer(")[1].split("class Hoisted(")
     assert "embedding(" not in layer and "W_p * 2" not in layer and "W_p * self.l" in layer
-    assert model_class.count("tp_lookup(x, local(self.W_e), self.tp)") == 2
+    assert model_class.count("tp_lookup(x, local(self.W_e), self.tp") == 2
     spec = load(str(tmp_path / "spec.fgpt"))
     graph, _ = Lowerer(spec, spec.symbolic(), spec.configure(None, {}).values).lower()
     gathers = [n for n in graph.graph.node if n.op_type == "Gather" and "W_e" in n.input]

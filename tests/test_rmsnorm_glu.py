@@ -154,7 +154,8 @@ def test_decoder_torch_matches_the_reference_and_every_onnx_graph(tmp_path):
     path = write(tmp_path, DECODER)
     spec, cfg, model, weights = torch_with_weights(path, tmp_path / "torch")
     code = (tmp_path / "torch" / "model.py").read_text()
-    assert "rms_norm(X, self.gamma.shape, self.gamma, self.eps)" in code
+    # (the weight's gradient summed over the ranks of sequence parallelism: tp_shared)
+    assert "rms_norm(X, self.gamma.shape, tp_shared(self.gamma, self.sp), self.eps)" in code
     assert "return silu(X)" in code
     sd = model.state_dict()
     graphs = {label: graph(spec, cfg, weights, opset, optimize)

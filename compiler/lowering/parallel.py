@@ -38,8 +38,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..elaborate import ir
-from ..elaborate.intrinsics import intrinsic
-from ..elaborate.ir import Eqn, Loop
+from ..elaborate.intrinsics import intrinsic, is_kind
+from ..elaborate.ir import Ell, Eqn, Loop
 from ..elaborate.symbolic import Poly
 from ..errors import Diagnostic
 from ..names import family_axis
@@ -82,6 +82,25 @@ class Plan:
     # result -> whether the family it reads is split (its picks then local to the rank)
     blocks: set[str] = field(default_factory=set)  # `members` results: the rank's block
     split: set[str] = field(default_factory=set)  # every value held split (a block per rank)
+    # sequence parallelism (`sequence`): a replicated value held as a block of its positions
+    # on each rank, the axis counted from the end
+    sequence: dict[str, int] = field(default_factory=dict)
+    # (equation's first result, operand position) -> (how, axis): "enter" (gathered, its
+    # gradient reduce-scattered: read by split computations), "whole" (gathered; backward,
+    # this rank's block of the gradient), "scatter" (a whole value cut to the rank's block),
+    # "shared" (a value without positions read on blocks of them: backward, its gradient
+    # summed over the ranks)
+    seq_uses: dict[tuple[str, int], tuple[str, int]] = field(default_factory=dict)
+    # value -> (how, axis) where it is made: "reduce" (a partial value reduce-scattered, or
+    # a lookup of a split table), "scatter" (a whole value cut), "whole" (gathered)
+    seq_made: dict[str, tuple[str, int]] = field(default_factory=dict)
+    # the model's body: the run lengths whose positions sequence parallelism splits (none:
+    # it is not used), and the modules it calls that take part (their uses' names)
+    positions: list[str] = field(default_factory=list)
+    seq_instances: set[str] = field(default_factory=set)
+    # a module: its parameters are read on blocks of positions (a norm's), their gradients
+    # summed over the ranks
+    shared: bool = False
 
     @property
     def active(self) -> bool:
@@ -105,6 +124,7 @@ def plan(model: ir.Model, functions: dict[str, ir.Function]) -> dict[str, Plan]:
     ids = {v.name for v in model.inputs if v.type.dtype == "int"}
     outs = [ir.Value(name=n, type=ir.TensorType()) for n in carried] + list(model.outputs)
     out[""] = _fixed_point(eqns, model.params, model.inputs, outs, functions, "", ids)
+    sequence(model, functions, out)
     return out
 
 
@@ -427,3 +447,332 @@ def uneven(plans: dict[str, Plan], configurations: list[tuple[str, dict]], tp: i
             f"choose a number of ranks that divides {size}; fgc does not replicate what "
             "its plan splits (key/value heads fewer than the ranks)"))
     return out
+
+
+# --------------------------------------------------------------- sequence parallelism
+# operations that act on each position alone where the positions lie in a module's `...`
+# (they act on the last axes only): elementwise, reductions over the last axis, products
+PER_POSITION_OPS = POINTWISE | frozenset({
+    "mod", "floor", "ceil", "eq", "ne", "lt", "le", "gt", "ge", "and", "or", "not", "select",
+    "sum", "mean", "amax", "keeptopk", "argmax", "argsort", "matmul", "transpose", "concat",
+    "stopgrad"})
+PER_POSITION_KINDS = POINTWISE_KINDS | frozenset({"layer_norm", "rms_norm", "softmax"})
+
+
+def sequence_only(plan: Plan) -> Plan:
+    """The model's body as parallelize() runs it where the ranks do not divide its own
+    parameters (they stay whole): its sequence parallelism alone, a sum of partial values
+    a cut to the rank's block and what split computations read gathered whole."""
+    return Plan(sequence=dict(plan.sequence), positions=list(plan.positions),
+                seq_instances=set(plan.seq_instances),
+                seq_uses={k: ("whole", a) if how == "enter" else (how, a)
+                          for k, (how, a) in plan.seq_uses.items()},
+                seq_made={k: ("scatter", a) if how == "reduce" else (how, a)
+                          for k, (how, a) in plan.seq_made.items()})
+
+
+def sequence(model: ir.Model, functions: dict[str, ir.Function],
+             plans: dict[str, Plan]) -> None:
+    """Sequence parallelism (Megatron's), marked in `plans`: between the split
+    computations, the values the model's body carries from layer to layer (the residual
+    stream, its norms) are held as a block of the positions on each rank instead of whole.
+    A partial value is then reduce-scattered along the positions instead of all-reduced, and
+    a block of positions is all-gathered where a split computation reads it (backward, its
+    gradient reduce-scattered), or where something that mixes positions (attention, a table
+    of positions) reads it. What acts on each position alone (norms, elementwise arithmetic,
+    products with whole parameters, modules of these) computes on the rank's block: the
+    activations between the split computations take 1/N of the memory, and the
+    communication is the same (an all-reduce is a reduce-scatter and an all-gather).
+
+    Sound where it applies: a module of split computations called from the body gets its
+    blocks of positions and gathers them itself; a module with split parameters called
+    from another module keeps its inputs whole. The model's body does not use it where it
+    cannot say which axis is the positions, or where its layers stack their values."""
+    lengths = {str(v.type.shape[0]) for v in model.inputs
+               if v.type.dtype == "int" and not v.type.pad and len(v.type.shape) == 1
+               and isinstance(v.type.shape[0], Poly)}
+    names = {s for s in ir.sequence_symbols(model, functions) if s in lengths}
+    loops = [item for item in model.body if isinstance(item, Loop)]
+    if not names or any(loop.stacks for loop in loops):
+        return
+    body = [e for item in model.body for e in (item.body if isinstance(item, Loop) else [item])]
+    made = {o.name for e in body for o in e.outs}
+    carried = {c.init for loop in loops for c in loop.carried} | \
+        {c.result for loop in loops for c in loop.carried}
+    returned, skip = _returned(model, functions, body)
+    if not carried <= made or not returned <= made:
+        return  # the layers' first value is an input, or a result is the layers' own
+    top = _Seq(plans[""], functions, plans, names, carried, returned)
+    top.held = {x for loop in loops for x in loop.shared}  # modules the layers share
+    top.types.update({v.name: v.type for v in model.inputs})
+    top.types.update({p.name: p.type for p in model.params})
+    for e in body:
+        top.types.update({o.name: o.type for o in e.outs})
+    for loop in loops:
+        for c in loop.carried:
+            top.types[c.inner] = top.types[c.init]
+        for x, last in loop.results:
+            top.types[last] = top.types[x]
+    # modules with split computations called from the body, and the axes of their inputs
+    # there; a module also called from another module keeps its inputs whole
+    nested = {e.attrs["module"] for fn in functions.values() for e in fn.eqns if e.op == "call"}
+    signatures: dict[str, tuple | None] = {}
+    for e in body:
+        m = e.attrs.get("module") if e.op == "call" else None
+        p = plans.get(m) if m is not None else None
+        if p is None or not p.active or m in nested or e.family is not None or \
+                intrinsic(functions[m]) is not None:
+            continue
+        sig = tuple(top.value_axis(o) for o in e.ins)
+        signatures[m] = sig if signatures.get(m, sig) == sig else None
+    for m, sig in signatures.items():
+        walk = _Seq(plans[m], functions, plans, set(), set(), set())
+        if sig is not None and walk.start(functions[m], sig):
+            walk.run(functions[m].eqns)
+            top.modules[m] = (sig, tuple(walk.state.get(o.name) for o in functions[m].outputs))
+    for item in model.body:
+        if not isinstance(item, Loop):
+            if item is not skip:
+                top.eqn(item)
+            continue
+        for c in item.carried:  # inside the layers, what they carry is blocks of positions
+            a = top.axis(top.types[c.init])
+            if a is not None:
+                top.state[c.inner] = a
+        for e in item.body:
+            top.eqn(e)
+        for x, last in item.results:
+            if x in top.state:
+                top.state[last] = top.state[x]
+    top.plan.sequence.update(top.state)
+    if top.plan.sequence:
+        top.plan.positions = sorted(names)
+        return
+    for p in plans.values():  # nothing the body holds as blocks: none anywhere
+        p.sequence.clear()
+        p.seq_uses.clear()
+        p.seq_made.clear()
+        p.shared = False
+
+
+def _returned(model: ir.Model, functions: dict[str, ir.Function], body: list[Eqn]
+              ) -> tuple[set[str], Eqn | None]:
+    """What the model's body returns, and the equation it leaves to its caller: the logits
+    where its one output is their softmax (model.py's logits(), whose softmax forward()
+    takes), else its outputs and None."""
+    outs = [o.name for o in model.outputs]
+    last = next((e for e in reversed(body) if any(o.name in outs for o in e.outs)), None)
+    if len(outs) == 1 and last is not None and last.op == "call" and \
+            is_kind(functions[last.attrs["module"]], "softmax"):
+        return {last.ins[0].name}, last
+    return set(outs), None
+
+
+def _tp_free(fn: ir.Function, functions, plans) -> bool:
+    """Whether no computation of `fn`, or of a module it calls, is split."""
+    p = plans.get(fn.name)
+    return not (p is not None and p.active) and all(
+        _tp_free(functions[e.attrs["module"]], functions, plans)
+        for e in fn.eqns if e.op == "call")
+
+
+def _per_position(fn: ir.Function, functions) -> bool:
+    """Whether a module acts on each position of its `...` alone."""
+    i = intrinsic(fn)
+    if i is not None:
+        return i.kind in PER_POSITION_KINDS
+    return all(_per_position(functions[e.attrs["module"]], functions) if e.op == "call"
+               else e.op in PER_POSITION_OPS and e.family is None for e in fn.eqns)
+
+
+class _Seq:
+    """The sequence-parallel walk of one body (the model's, or a module's called from it):
+    `state` holds the values held as blocks of positions, with the axis (from the end)."""
+
+    def __init__(self, plan, functions, plans, names, carried, returned):
+        self.plan = plan
+        self.functions = functions
+        self.plans = plans
+        self.names = names  # the sizes that are the positions here
+        self.ell: int | None = None  # in a module: how deep in its `...` the positions are
+        self.carried = carried  # the values the layers carry (held as blocks)
+        self.returned = returned  # the values the body returns (whole)
+        self.modules: dict[str, tuple] = {}  # module -> (its inputs' axes, its outputs')
+        self.state: dict[str, int] = {}
+        self.types: dict[str, ir.TensorType] = {}
+        self.top = bool(names)  # the model's body (a module's walk starts without names)
+        self.held: set[str] = set()
+        self.fixed: set[str] = set()  # values of sizes alone
+
+    def axis(self, t: ir.TensorType | None) -> int | None:
+        """Where a value of type `t` has its positions, from the end; None where it has
+        none, or several."""
+        if t is None:
+            return None
+        shape = t.shape
+        if shape and isinstance(shape[0], Ell):
+            return -(self.ell + len(shape) - 1) if self.ell else None
+        hits = [k for k, d in enumerate(shape) if isinstance(d, Poly)
+                and any(d == Poly.sym(n) for n in self.names)]
+        return hits[0] - len(shape) if len(hits) == 1 else None
+
+    def value_axis(self, o: ir.Operand) -> int | None:
+        if o.name is None or o.name not in self.types:
+            return None
+        return self.axis(self.types[o.name])
+
+    def start(self, fn: ir.Function, sig: tuple) -> bool:
+        """A module's walk, its inputs arriving as `sig` says; False where the axes do not
+        say one place of the positions."""
+        ells = set()
+        for v, a in zip(fn.inputs, sig):
+            self.types[v.name] = v.type
+            if a is None:
+                continue
+            shape = v.type.shape
+            if shape and isinstance(shape[0], Ell):
+                ells.add(-a - (len(shape) - 1))
+            elif -a <= len(shape) and isinstance(shape[a], Poly) and \
+                    len(shape[a].symbols()) == 1 and shape[a] == Poly.sym(
+                        next(iter(shape[a].symbols()))):
+                self.names.add(next(iter(shape[a].symbols())))
+            else:
+                return False
+        if len(ells) > 1 or any(k < 1 for k in ells):
+            return False
+        self.ell = next(iter(ells), None)
+        for v, a in zip(fn.inputs, sig):
+            if a is not None:
+                if self.axis(v.type) != a:
+                    return False
+                self.state[v.name] = a
+        for e in fn.eqns:
+            self.types.update({o.name: o.type for o in e.outs})
+        for p in fn.params:
+            self.types[p.name] = p.type
+        return True
+
+    def use(self, e: Eqn, k: int, how: str, axis: int) -> None:
+        self.plan.seq_uses[(e.outs[0].name, k)] = (how, axis)
+
+    def run(self, eqns: list[Eqn]) -> None:
+        for e in eqns:
+            self.eqn(e)
+        self.plan.sequence.update(self.state)
+
+    def eqn(self, e: Eqn) -> None:
+        plan = self.plan
+        out0 = e.outs[0].name
+        if all(o.name is None or o.name in self.fixed for o in e.ins) and e.op != "call":
+            self.fixed.update(o.name for o in e.outs)  # of sizes alone (a scale, a mask)
+        qs = {k: self.state[o.name] for k, o in enumerate(e.ins) if o.name in self.state}
+        if self.top and e.op == "call" and e.attrs["module"] in self.modules:
+            sig, outs = self.modules[e.attrs["module"]]
+            for k, want in enumerate(sig):
+                if want is not None and k not in qs:
+                    self.use(e, k, "scatter", want)
+            for o, a in zip(e.outs, outs):
+                if a is not None:
+                    self.state[o.name] = a
+            self.plan.seq_instances.add(e.attrs["instance"])
+            return self.made(e)
+        touched = e.family is not None or any(
+            (out0, k) in plan.uses for k in range(len(e.ins))) or any(
+            o.name in plan.split or o.name in plan.gather or o.name in plan.blocks
+            for o in e.outs)
+        if qs:
+            axes = None if touched else self.per_position(e, qs)
+            if axes is not None:
+                for k, o in enumerate(e.ins):
+                    if k in qs or o.name is None or o.name in self.fixed:
+                        continue
+                    a = self.value_axis(o)
+                    self.use(e, k, "scatter", a) if a is not None else \
+                        self.use(e, k, "shared", 0)  # read at every position
+                for o, a in zip(e.outs, axes):
+                    self.state[o.name] = a
+                if e.op == "call" and e.attrs["module"] in self.plans:  # a norm's weights
+                    self.plans[e.attrs["module"]].shared = True
+                    self.plan.seq_instances.add(e.attrs["instance"])
+            else:
+                for k, a in qs.items():
+                    entered = plan.uses.get((out0, k)) == "enter"
+                    self.use(e, k, "enter" if entered else "whole", a)
+        self.made(e)
+
+    def made(self, e: Eqn) -> None:
+        for o in e.outs:
+            a = self.axis(o.type)
+            if o.name in self.returned:
+                if o.name in self.state:
+                    self.plan.seq_made[o.name] = ("whole", self.state.pop(o.name))
+                continue
+            if a is None or o.name in self.state:
+                continue
+            if o.name in self.plan.reduce or o.name in self.plan.lookups:
+                self.plan.seq_made[o.name] = ("reduce", a)
+                self.state[o.name] = a
+            elif o.name in self.carried:
+                self.plan.seq_made[o.name] = ("scatter", a)
+                self.state[o.name] = a
+
+    def per_position(self, e: Eqn, qs: dict[int, int]) -> list[int] | None:
+        """The axes of `e`'s results where it acts on each position alone, its operands
+        with positions at the same place; None where it does not."""
+        axes = set(qs.values())
+        if len(axes) != 1:
+            return None
+        (a,) = axes
+        if e.op in POINTWISE or e.op in ("select", "cond", "mod", "eq", "ne", "lt", "le",
+                                         "gt", "ge", "and", "or", "not", "stopgrad"):
+            for k, o in enumerate(e.ins):
+                if k in qs or o.name is None:
+                    continue
+                b = self.value_axis(o)
+                t = self.types.get(o.name)
+                if b is None:  # no positions: it broadcasts across them
+                    if t is None or any(isinstance(d, Ell) for d in t.shape) or \
+                            (len(t.shape) >= -a and t.shape[a] != Poly.const(1)):
+                        return None
+                elif b != a:
+                    return None
+            return self._results(e, a)
+        if e.op == "call":
+            fn = self.functions[e.attrs["module"]]
+            if not _tp_free(fn, self.functions, self.plans) or \
+                    not _per_position(fn, self.functions) or fn.mask_inputs or \
+                    any(has_params(self.functions[x.attrs["module"]], self.functions)
+                        for x in fn.eqns if x.op == "call") or \
+                    fn.params and (not self.top or e.attrs.get("instance") in self.held):
+                return None  # parameters below its own, a module's, or the layers': whole
+            depth = set()
+            ells = set()
+            for k, (v, o) in enumerate(zip(fn.inputs, e.ins)):
+                shape = v.type.shape
+                b = qs.get(k, self.value_axis(o))
+                is_ell = bool(shape) and isinstance(shape[0], Ell)
+                if b is None:
+                    if is_ell:
+                        return None  # its `...` would stand for other axes
+                    continue
+                if not is_ell or -b - (len(shape) - 1) < 1:
+                    return None
+                depth.add(-b - (len(shape) - 1))
+                ells.add(shape[0])
+            if len(depth) != 1 or len(ells) != 1:
+                return None
+            (k_ell,), (ell,) = depth, ells
+            out = []
+            for v in fn.outputs:
+                shape = v.type.shape
+                if not shape or shape[0] != ell:
+                    return None
+                out.append(-(k_ell + len(shape) - 1))
+            return out
+        return None
+
+    def _results(self, e: Eqn, a: int) -> list[int] | None:
+        for o in e.outs:
+            if self.axis(o.type) not in (None, a) or o.type.family is not None:
+                return None
+        return [a] * len(e.outs)

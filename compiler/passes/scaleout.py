@@ -13,6 +13,11 @@ Per layer and training step, the bytes each rank hands to collectives:
     every split value read whole (the gathered size);
   - tensor parallelism, backward: an all-reduce of the gradient of every replicated value
     a split computation reads;
+  - with sequence parallelism (the positions split evenly), a reduce-scatter in place of
+    each all-reduce of a partial value (its gradient all-gathered), an all-gather of each
+    block of positions read whole (a split computation's gradient reduce-scattered), and
+    an all-reduce of the gradient of every weight read on blocks of positions (a norm's);
+    the values held as blocks of positions take 1/N of the activations;
   - FSDP: the layer's parameters (this rank's tensor-parallel blocks) all-gathered before
     the forward pass and again before the backward pass, their gradients reduce-scattered.
 Bytes are float32 entries (4 bytes each).
@@ -65,10 +70,11 @@ class Budget:
 
 def budget(count: Count, model: ir.Model, functions: dict[str, ir.Function],
            plans: dict[str, Plan], tp: int, fsdp: int, batch: Poly, seq: Poly,
-           env: dict | None = None) -> Budget:
+           env: dict | None = None, sequence: bool = False) -> Budget:
     """The per-rank figures of `model` (prepared IR) and its `count`: at the sizes `env`
     (hyperparameter -> number), or symbolic with `env` None (a condition on the sizes a
-    factor `[tied == 1]`, as in the parameter count's formula)."""
+    factor `[tied == 1]`, as in the parameter count's formula); `sequence`: with sequence
+    parallelism (the run's positions split evenly)."""
     params = Poly()
     loops = [item for item in model.body if isinstance(item, Loop)]
     per_layer = [Poly() for _ in loops]
@@ -81,8 +87,10 @@ def budget(count: Count, model: ir.Model, functions: dict[str, ir.Function],
         if e.in_layers and not e.shared and e.loop < len(loops):
             per_layer[e.loop] = per_layer[e.loop] + share * (e.copies / e.layers)
     seqs = ir.sequence_symbols(model, functions)
-    walk = _Sizes(functions, plans, tp, batch, {s: seq for s in seqs}, env)
+    walk = _Sizes(functions, plans, tp, batch, {s: seq for s in seqs}, env, sequence)
     known = {v.name: (v.type, Poly.const(1), True) for v in model.inputs}
+    known.update({p.name: (p.type, Poly.const(1), False) for p in model.params
+                  if p.type.family is None})
     made = {o.name: o.type for item in model.body
             for e in (item.body if isinstance(item, Loop) else [item]) for o in e.outs}
     for loop in loops:  # X^(l-1) inside the layers, X^(L) after them: as X^(l)
@@ -120,7 +128,8 @@ def _rank0(e, split, tp: int, fsdp: int) -> Poly:
 
 
 class _Sizes:
-    def __init__(self, functions, plans, tp, batch, seq_env, env):
+    def __init__(self, functions, plans, tp, batch, seq_env, env, sequence=False):
+        self.sequence = sequence  # sequence parallelism on
         self.env = env  # the sizes as numbers, or None (symbolic)
         self.functions = functions
         self.plans = plans
@@ -155,6 +164,8 @@ class _Sizes:
         for k, v in enumerate(fn.inputs if fn is not None else []):
             if v.name not in fn.mask_inputs:  # a mask by meaning is no tensor
                 types[v.name] = (v.type, Poly.const(1), (batched_inputs or [True] * 99)[k])
+        for p in fn.params if fn is not None else []:  # (read by collectives: a norm's)
+            types.setdefault(p.name, (p.type, Poly.const(1), False))
         for e in eqns:
             factor = guard_factor(e.guards, self.env) if e.guards and fn is None else 1
             if factor == Poly():
@@ -167,8 +178,9 @@ class _Sizes:
                     o.type.family.subs(env) if o.type.family is not None else Poly.const(1))
                 types[o.name] = (o.type, mult, batched)
                 size = self.size(o.type, env, ell, mult, batched)
-                if plan is not None and (o.name in plan.split) or split:
-                    size = size / self.tp
+                if plan is not None and (o.name in plan.split or self.sequence and
+                                         o.name in plan.sequence) or split:
+                    size = size / self.tp  # a block of a split axis, or of the positions
                 if e.op != "mask" and o.type.dtype == "real":
                     one.values = one.values + size
             if plan is not None:
@@ -184,6 +196,12 @@ class _Sizes:
                                     o.name in types and types[o.name][2] for o in e.ins])
                 if fn2.name in self.plans and is_kind(fn2, "moe"):
                     sub = self._moe(sub, e, inner, inner_ell)
+                inner_plan = self.plans.get(fn2.name)
+                if self.sequence and plan is not None and inner_plan is not None and \
+                        inner_plan.shared and e.attrs["instance"] in plan.seq_instances:
+                    for p in fn2.params:  # a norm's weights read on blocks of positions:
+                        sub.backward = sub.backward + self.size(  # their gradients summed
+                            p.type, inner, (), Poly.const(1), False)
                 one.add(sub, members)
             out.add(one, factor)
         if fn is None:
@@ -217,13 +235,29 @@ class _Sizes:
                 out.forward = out.forward + full(o.name)
             if o.name in plan.blocks:  # the block of a replicated value: its gradient summed
                 out.backward = out.backward + full(e.ins[0].name)
+        seq = self.sequence
+        for o in e.outs:
+            how = plan.seq_made.get(o.name, ("",))[0] if seq else ""
+            if how in ("reduce", "scatter"):  # backward: the gradient's blocks all-gathered
+                out.backward = out.backward + full(o.name)
+            elif how == "whole":  # all-gathered
+                out.forward = out.forward + full(o.name)
         for k, o in enumerate(e.ins):
             use = plan.uses.get((e.outs[0].name, k))
+            how = plan.seq_uses.get((e.outs[0].name, k), ("",))[0] if seq else ""
             if use == "gather":
                 out.forward = out.forward + full(o.name)
             elif use == "enter" and (o.name, str(o.member)) not in entered:
                 entered.add((o.name, str(o.member)))  # one all-reduce for all its uses
-                out.backward = out.backward + full(o.name)
+                out.backward = out.backward + full(o.name)  # (or reduce-scatter)
+                if how == "enter":  # the blocks of positions all-gathered first
+                    out.forward = out.forward + full(o.name)
+            elif how and how != "enter" and (how, o.name, str(o.member)) not in entered:
+                entered.add((how, o.name, str(o.member)))  # one for all its uses
+                if how == "whole":  # all-gathered; backward, the rank's block
+                    out.forward = out.forward + full(o.name)
+                else:  # scatter: backward, all-gathered; shared: backward, all-reduced
+                    out.backward = out.backward + full(o.name)
 
     def _moe(self, sub: Traffic, e: Eqn, env: dict, ell: tuple) -> Traffic:
         """A mixture of experts split by experts runs fused (model.py's moe()): its
@@ -240,13 +274,15 @@ class _Sizes:
 BYTES = 4  # float32
 
 
-def report(cfg, sym, tp: int, fsdp: int, batch: int, seq: int | None) -> dict:
+def report(cfg, sym, tp: int, fsdp: int, batch: int, seq: int | None,
+           sequence: bool = True) -> dict:
     """What `fgc params --tp N --fsdp M` adds: per rank, formulas (in the hyperparameters,
-    B and T) and numbers at the configuration `cfg` (`sym`: the symbolic one)."""
+    B and T) and numbers at the configuration `cfg` (`sym`: the symbolic one); `sequence`:
+    sequence parallelism where it applies (parallelize()'s `sequence`)."""
     from ..elaborate.symbolic import format_poly
     from ..errors import FgcError
     from ..lowering import prepare
-    from ..lowering.parallel import divisibility, plan, uneven
+    from ..lowering.parallel import divisibility, plan, sequence_only, uneven
 
     model, functions = prepare(sym.model, sym.functions)
     plans = plan(model, functions)
@@ -257,13 +293,18 @@ def report(cfg, sym, tp: int, fsdp: int, batch: int, seq: int | None) -> dict:
     whole = sorted(name for module, name, _, _ in divisibility(plans, values, tp)
                    if not module)
     if whole:  # the model's own stay whole, and its body runs as in one process
-        plans = {k: p for k, p in plans.items() if k}
+        plans = {**plans, "": sequence_only(plans[""])}
     seqs = sorted(ir.sequence_symbols(model, functions))
     if seq is None:
         seq = int(values[seqs[0]]) if seqs else 1
+    # sequence parallelism, as parallelize() has it: where the ranks split the positions
+    asked = sequence
+    sequence = asked and bool(plans[""].positions) and tp > 1 and seq % tp == 0
     big_b, big_t = Poly.sym("B"), Poly.sym("T")
-    formula = budget(sym.count, model, functions, plans, tp, fsdp, big_b, big_t)
-    numbers = budget(cfg.count, model, functions, plans, tp, fsdp, big_b, big_t, env=values)
+    formula = budget(sym.count, model, functions, plans, tp, fsdp, big_b, big_t,
+                     sequence=sequence)
+    numbers = budget(cfg.count, model, functions, plans, tp, fsdp, big_b, big_t, env=values,
+                     sequence=sequence)
     at = {**values, "B": batch, "T": seq}
 
     def number(p: Poly) -> int:
@@ -280,16 +321,20 @@ def report(cfg, sym, tp: int, fsdp: int, batch: int, seq: int | None) -> dict:
         row("gradients", formula.params, numbers.params),
         row("AdamW moments", formula.params, numbers.params, ADAM_MOMENTS),
     ]
+    if sequence:
+        fwd = "tensor parallel, forward (reduce-scatter, all-gather)"
+        bwd = "tensor parallel, backward (reduce-scatter, all-gather, all-reduce)"
+    else:
+        fwd = "tensor parallel, forward (all-reduce, all-gather)"
+        bwd = "tensor parallel, backward (all-reduce)"
     blocks = []
     for f, n in zip(formula.blocks, numbers.blocks):
         blocks.append({"layers": number(n.layers), "layers_formula": format_poly(f.layers),
                        "activations": row("activations, one layer", f.traffic.values,
                                           n.traffic.values),
                        "per_layer_step": [
-            row("tensor parallel, forward (all-reduce, all-gather)", f.traffic.forward,
-                n.traffic.forward),
-            row("tensor parallel, backward (all-reduce)", f.traffic.backward,
-                n.traffic.backward),
+            row(fwd, f.traffic.forward, n.traffic.forward),
+            row(bwd, f.traffic.backward, n.traffic.backward),
             row("FSDP (all-gather twice, reduce-scatter)",
                 f.params * 3 if fsdp > 1 else Poly(), n.params * 3 if fsdp > 1 else Poly()),
         ]})
@@ -298,7 +343,7 @@ def report(cfg, sym, tp: int, fsdp: int, batch: int, seq: int | None) -> dict:
         row("tensor parallel, backward", formula.outside.backward, numbers.outside.backward),
     ]
     return {"tp": tp, "fsdp": fsdp, "ranks": tp * fsdp, "batch": batch, "seq": seq,
-            "whole": whole,
+            "whole": whole, "sequence_parallel": sequence, "sequence_asked": asked,
             "dtype": "float32", "per_rank": rows, "blocks": blocks,
             "outside_layers_step": outside}
 
@@ -317,6 +362,14 @@ def format_text(r: dict) -> str:
     if r["whole"]:
         out.insert(1, f"the model's own {', '.join(r['whole'])} stay whole: {r['tp']} ranks "
                       "cannot split them evenly (docs/distributed.md)")
+    if r["sequence_parallel"]:
+        out.insert(1, f"sequence parallel: between the split computations, each rank holds "
+                      f"{r['seq'] // r['tp']} of the {r['seq']} positions")
+    elif r["tp"] > 1 and not r["sequence_asked"]:
+        out.insert(1, "sequence parallel: off (as asked)")
+    elif r["tp"] > 1:
+        out.insert(1, f"sequence parallel: off ({r['tp']} ranks cannot split {r['seq']} "
+                      "positions evenly, or nothing between the split computations can be)")
     lines(r["per_rank"] + [b["activations"] for b in r["blocks"][:1]])
     for k, b in enumerate(r["blocks"]):
         which = f" of layers block {k + 1}" if len(r["blocks"]) > 1 else ""

@@ -490,6 +490,8 @@ class Body:
             expr = dotted(self.self_attr[o.name])
             if self.tp is not None and o.name in self.tp.splits:
                 expr = call("local", expr)  # this rank's block under parallelize()
+            if self.tp is not None and self.tp.shared:  # read on blocks of positions
+                expr = call("tp_shared", expr, SP)
             t = p.type
             fam = t.family is not None
             if o.member is not None and not fam:
@@ -568,10 +570,14 @@ class Body:
         if self.tp is not None:
             for k, v in enumerate(ins):
                 use = self.tp.uses.get((e.outs[0].name, k))
-                if use == "enter":  # a replicated value read by a split computation
-                    ins[k] = self._entered(e.ins[k], v, e)
+                seq = self.tp.seq_uses.get((e.outs[0].name, k))
+                if use == "enter" or seq is not None and seq[0] == "enter":
+                    # a replicated value read by a split computation
+                    ins[k] = self._entered(e.ins[k], v, e, seq)
                 elif use == "gather":  # a split value read whole
                     v.expr = call("tp_gather", v.expr, _split_axis(v), TP)
+                elif seq is not None:  # blocks of positions read whole, or a whole value
+                    ins[k] = self._sequence(e.ins[k], v, e, seq)  # read with blocks
         # where each result's axes are and how its integers are held: the lowering's
         # (lowering/layout.py); the layer loop is this backend's own equation
         raw_lo = None if e.op == "layers" else e.outs[0].layout.held
@@ -622,15 +628,16 @@ class Body:
             self.tuples = getattr(self, "tuples", {})
             self.tuples[names[0]] = names
 
-    def _entered(self, o: Operand, v: _Val, e: Eqn) -> _Val:
+    def _entered(self, o: Operand, v: _Val, e: Eqn, seq: tuple | None = None) -> _Val:
         """A replicated value as split computations read it: through tp_enter (backward,
         the ranks' gradients summed), one for all its uses in this body, so that the sum
-        is one all-reduce."""
+        is one all-reduce; held as blocks of positions (`seq`), gathered first."""
         key = (o.name, str(o.member))
         entered = self.entered
         if key not in entered:
-            py = self.namer(f"{o.name}_entered")
-            expr = call("tp_enter", v.expr, TP)
+            py = self.namer.alias(f"{o.name}#{o.member}#entered", f"{o.name}_entered")
+            args = (SP, Const(seq[1])) if seq is not None else ()
+            expr = call("tp_enter", v.expr, TP, *args)
             self.by_py[py] = _Val(Ref(py), v.layout, v.type, raw_lo=v.raw_lo)
             self.exprs[py] = expr
             self.deps[py] = list(expr.refs())
@@ -642,19 +649,44 @@ class Body:
         out.stored = v.stored
         return out
 
+    def _sequence(self, o: Operand, v: _Val, e: Eqn, seq: tuple[str, int]) -> _Val:
+        """A value held as blocks of positions read whole (tp_whole), or a whole value read
+        with such blocks (tp_scatter): one for all its uses in this body."""
+        how, axis = seq
+        key = (how, o.name, str(o.member))
+        if key not in self.entered:
+            py = self.namer.alias(f"{o.name}#{o.member}#{how}", f"{o.name}_{how}")
+            expr = call(f"tp_{how}", v.expr, SP, *((Const(axis),) if how != "shared" else ()))
+            self.by_py[py] = _Val(Ref(py), v.layout, v.type, raw_lo=v.raw_lo)
+            self.exprs[py] = expr
+            self.deps[py] = list(expr.refs())
+            self.comments[py] = {
+                "whole": "gathered from the ranks' blocks of positions",
+                "scatter": "this rank's block of positions",
+                "shared": "read at every position: backward, its gradient summed"}[how]
+            self.pending.append((py, e))
+            self.entered[key] = py
+        return _Val(Ref(self.entered[key]), v.layout, v.type, raw_lo=v.raw_lo,
+                    producer=v.producer, named=v.named)
+
     def _tp_made(self, out: ir.Value, expr: Expr, layout: Layout) -> Expr:
         """A value as the tensor-parallel plan has it made: this rank's block of a family
-        it takes from a whole value (`members`), summed over the ranks (partial), or
-        gathered from them (split, read whole after)."""
+        it takes from a whole value (`members`), summed over the ranks (partial; with
+        sequence parallelism reduce-scattered), or gathered from them (split, read whole
+        after); what the layers carry cut to the rank's block of positions, and what the
+        model returns gathered whole."""
         plan = self.tp
         assert plan is not None
         if out.name in plan.blocks:
             expr = call("tp_block", expr, Const(-(layout.rank or 0) - 1), TP)
-        if out.name in plan.reduce:
-            expr = call("tp_reduce", expr, TP)
+        how, at = plan.seq_made.get(out.name, (None, 0))
+        if out.name in plan.reduce:  # summed; with blocks of positions, reduce-scattered
+            expr = call("tp_reduce", expr, TP, *((SP, Const(at)) if how == "reduce" else ()))
         if out.name in plan.gather:
             axis = Const(-(layout.rank or 0) - 1) if layout.fam else Const(-1)
             expr = call("tp_gather", expr, axis, TP)
+        if how in ("scatter", "whole"):  # what the layers carry; what the model returns
+            expr = call(f"tp_{how}", expr, SP, Const(at))
         return expr
 
     def comment(self, t: TensorType, layout: Layout, e: Eqn) -> str:
@@ -905,6 +937,8 @@ def _matmul(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> Expr:
 
 TP = dotted("self.tp")  # a module's ranks under parallelize() (None: not split)
 TP_INIT = "self.tp = None  # parallelize(): the ranks its split parameters are spread over"
+SP = dotted("self.sp")  # the ranks its values' positions are split over (sequence parallel)
+SP_INIT = "self.sp = None  # parallelize(): the ranks its positions are split over"
 
 
 def _split_axis(v: _Val) -> Expr:
@@ -932,7 +966,9 @@ def _lookup(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> Expr:
     the table's first row is id `lo`."""
     ids, table = ins
     if b.tp is not None and e.outs[0].name in b.tp.lookups:  # the vocabulary split
-        return call("tp_lookup", _rows(b, ids, e.attrs["lo"]), table.expr, TP)
+        how, at = b.tp.seq_made.get(e.outs[0].name, (None, 0))
+        return call("tp_lookup", _rows(b, ids, e.attrs["lo"]), table.expr, TP,
+                    *((SP, Const(at)) if how == "reduce" else ()))
     return call("embedding", _rows(b, ids, e.attrs["lo"]), table.expr)
 
 
@@ -1301,19 +1337,26 @@ def _cached_keys(k: Expr, v: Expr) -> list[Line]:
             Line(Assign((cache,), Tuple((k, v))), depth=1)]
 
 
+def _own(b: Body, attr: str) -> Expr:
+    """A parameter of a fused module, as its forward reads it."""
+    if b.tp is not None and b.tp.shared:  # read on blocks of positions: gradient summed
+        return call("tp_shared", dotted(attr), SP)
+    return dotted(attr)
+
+
 def _layer_norm(b: Body, fn: ir.Function, inputs: list[str]) -> list[Line]:
-    gamma, beta = dotted("self.gamma"), dotted("self.beta")
-    return [Line(Return(call("layer_norm", Name(inputs[0]), Attr(gamma, "shape"), gamma, beta,
-                             dotted("self.eps"))))]
+    gamma, beta = _own(b, "self.gamma"), _own(b, "self.beta")
+    return [Line(Return(call("layer_norm", Name(inputs[0]), Attr(dotted("self.gamma"), "shape"),
+                             gamma, beta, dotted("self.eps"))))]
 
 
 def _rms_norm(b: Body, fn: ir.Function, inputs: list[str]) -> list[Line]:
-    gamma = dotted("self.gamma")
+    gamma = _own(b, "self.gamma")
     offset = intrinsic(fn).offset
     scale = BinOp(Const(offset), "+", gamma) if offset else gamma
     comment = f"the scale is {offset:g} + gamma" if offset else ""
-    return [Line(Return(call("rms_norm", Name(inputs[0]), Attr(gamma, "shape"), scale,
-                             dotted("self.eps"))), comment)]
+    return [Line(Return(call("rms_norm", Name(inputs[0]), Attr(dotted("self.gamma"), "shape"),
+                             scale, dotted("self.eps"))), comment)]
 
 
 def _softmax(b: Body, fn: ir.Function, inputs: list[str]) -> list[Line]:
@@ -1410,7 +1453,7 @@ class Generator:
         # which parameters parallelize() splits, and where the ranks' values meet
         self.tp_plans = {name: p for name, p in parallel_plan(self.model,
                                                               self.functions).items()
-                         if p.active}
+                         if p.active or p.shared or p.positions}
         self.values = values  # hyperparameter -> number (the compiled preset)
         self.sources = sources
         self.preset = preset
@@ -1613,6 +1656,15 @@ class Generator:
     def _module_view(self, fn: ir.Function, cls: str) -> ClassView:
         namer = Namer()
         sym = self._symbol_sources(fn, namer)
+        plan = self.tp_plans.get(fn.name)
+        for v in fn.inputs if plan is not None else []:  # blocks of positions: N of them
+            a = plan.sequence.get(v.name)
+            d = v.type.shape[a] if a is not None and -a <= len(v.type.shape) else None
+            if isinstance(d, Poly) and len(d.symbols()) == 1 and \
+                    sym.get(s := next(iter(d.symbols()))) is not None and \
+                    sym[s].text == Subscript(Attr(Name(namer(v.name)), "shape"),
+                                             (Const(a),)).text:
+                sym[s] = call("tp_length", sym[s], SP)
         static = self.static_symbols(fn)
         for s in static:
             sym.setdefault(s, f"self.{ident(s)}")
@@ -1703,6 +1755,8 @@ class Generator:
             init_lines.append("self.pad = None  # a padded batch: its keys' padding, (B, P + T)")
         if "self.tp" in _paths(lines):
             init_lines.append(TP_INIT)
+        if "self.sp" in _paths(lines):
+            init_lines.append(SP_INIT)
         return ClassView(cls, doc, [ident(s) for s in static] + list(flags.values()),
                          init_lines, params, subs, fwd, lines)
 
@@ -2018,6 +2072,10 @@ class Generator:
             self.is_kind(body.vals[outputs[0]].producer, "softmax")
         head = self._prologue(model, {v.name: body.vals[v.name].py for v in model.inputs
                                       if not v.type.pad})
+        plan = self.tp_plans.get("")
+        if plan is not None and plan.positions:  # sequence parallelism: on for this call?
+            head.append(Line(Do(call("tp_sequence", SP, *(
+                Name(self.run_length[s]) for s in plan.positions)))))
         optional = [f"{p}=None" for p in pads]
         if softmax_out:
             producer = body.vals[outputs[0]].producer
@@ -2052,6 +2110,8 @@ class Generator:
         init = ["self.config = config"]
         if "self.tp" in _paths(lines) or any("self.tp" in x for x in extra):
             init.append(TP_INIT)
+        if "self.sp" in _paths(lines):
+            init.append(SP_INIT)
         view = ClassView(model_cls, self._model_doc(), ["config"], init,
                          params, subs, forward_args, lines, kind="model",
                          extra_methods=extra)
@@ -2357,6 +2417,8 @@ class Generator:
             init_lines.insert(0, "self.config = config")
         if "self.tp" in read:
             init_lines.append(TP_INIT)
+        if "self.sp" in read:
+            init_lines.append(SP_INIT)
         count = py_poly(loop.hi, self.comment_sym).text
         view = ClassView(cls, [f"One of the {count} layers, {loop.var} = 1..{count}."],
                          init_args, init_lines, [], subs,
@@ -2473,8 +2535,14 @@ class Generator:
         moe = bool(re.search(r"(?<![\w.])moe\([^\n]*tp=", text))
         flags = {f"uses_{n}": uses(n) for n in ("tp_gather", "tp_block", "tp_picks",
                                                    "tp_lookup")}
-        flags["uses_tp_enter"] = uses("tp_enter") or flags["uses_tp_block"] or moe
-        flags["uses_tp_reduce"] = uses("tp_reduce") or flags["uses_tp_lookup"] or moe
+        flags["uses_sequence"] = uses("tp_sequence")
+        flags.update({f"uses_{n}": uses(n) for n in ("tp_length", "tp_whole", "tp_scatter",
+                                                     "tp_shared")})
+        flags["uses_tp_enter"] = uses("tp_enter") or flags["uses_tp_block"] or moe or \
+            flags["uses_tp_shared"]
+        flags["uses_tp_reduce"] = uses("tp_reduce") or flags["uses_tp_lookup"] or moe or \
+            flags["uses_sequence"]
+        flags["uses_tp_gather"] |= flags["uses_sequence"]  # tp_whole's
         flags["moe_tp"] = moe
         return flags
 
@@ -2499,10 +2567,19 @@ class Generator:
             cls = self.model_class if not name else self.module_class(name)
             if cls in {c.name for c in [model_view, *modules]}:
                 tp_plan[cls] = {ident(p): s.axis for p, s in plan.splits.items()}
+        # per class of the model and its layers, the modules its lines call that sequence
+        # parallelism reaches (their `sp`)
+        taking = {ident(x) for x in (self.tp_plans[""].seq_instances
+                                     if "" in self.tp_plans else ())}
+        sp_plan = {c.name: [s.attr[len("self."):] for s in c.subs
+                            if s.attr[len("self."):] in taking]
+                   for c in [model_view, *layer_classes]}
         view = dict(
             imports="\n".join(imports),
             tp_plan=tp_plan, tp_plan_text="\n".join(_literal_lines(tp_plan, "TP_PLAN = ", 0)),
-            **(self._tp_helpers(text) if tp_plan else {"moe_tp": False}),
+            sp_plan_text="\n".join(_literal_lines(sp_plan, "SP_PLAN = ", 0)),
+            **(self._tp_helpers(text) if tp_plan else {"moe_tp": False,
+                                                        "uses_sequence": False}),
             spec=safe_name(self.spec.path), model=model_view, layers=layer_classes,
             modules=modules, fields=fields, derived=derived, preset=self.preset,
             precision=self.precision,

@@ -391,8 +391,9 @@ def wrap(e: Expr, indent: str, before: str = "", after: str = "", split: bool = 
          tuples: bool = True) -> list[str]:
     """`before + e + after` in lines of at most WIDTH columns where it can be, at `indent`:
     a conditional a line for each part, a sum or a product a line before each of its
-    operators (in brackets); a list, a tuple of results or a call's arguments one item a
-    line; a method chain too long to open its last call one link a line. `split`: a
+    operators (in brackets); a list, a tuple of results, a call's arguments or a
+    subscript's indices one item a line; a method chain too long to open its last call one
+    link a line. `split`: a
     bracketed sum or conditional is split even where it fits."""
     line = f"{indent}{before}{e.text}{after}"
     if len(line) <= WIDTH and not split:
@@ -429,6 +430,15 @@ def wrap(e: Expr, indent: str, before: str = "", after: str = "", split: bool = 
     if isinstance(e, Paren) and (isinstance(e.inner, IfExp) or _terms(e.inner)):
         return wrap(e.inner, indent, before, after, split=True)
     group = _last_group(e)
+    if group is None and isinstance(e, Subscript) and len(e.index) > 1:
+        # `x[rows, cols, :]` too long: one index a line
+        out = [f"{indent}{before}{slot(e.value, PRIMARY).text}["]
+        for x in e.index:
+            if isinstance(x, Slice):
+                out.append(f"{inner}{x.text},")
+            else:
+                out.extend(wrap(slot(x, LAMBDA), inner, "", ","))
+        return out + [f"{indent}]{after}"]
     if group is None:
         return [line]
     head, items, comma, tail = group

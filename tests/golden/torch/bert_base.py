@@ -136,6 +136,7 @@ class TensorParallel:
         self.group = mesh.get_group()
         self.rank = mesh.get_local_rank()
         self.size = mesh.size()
+        self.sequence = False  # this call's positions split across the ranks: tp_sequence()
 
 
 def local(p):
@@ -191,13 +192,97 @@ class _Gather(torch.autograd.Function):
         return grad.chunk(ctx.tp.size, dim=ctx.axis)[ctx.tp.rank].contiguous(), None, None
 
 
-def tp_enter(x, tp):
+class _Scatter(torch.autograd.Function):
+    """A whole value cut to this rank's block of `axis` (the positions); backward, the
+    ranks' blocks of the gradient gathered."""
+
+    @staticmethod
+    def forward(ctx, tensor, axis, tp):
+        ctx.axis, ctx.tp = axis, tp
+        return tensor.chunk(tp.size, dim=axis)[tp.rank].contiguous()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return all_gather(grad, ctx.axis, ctx.tp), None, None
+
+
+class _ReduceScatter(torch.autograd.Function):
+    """Partial sums made whole, each rank keeping its block of `axis` (the positions):
+    reduce-scatter; backward, the ranks' blocks of the gradient gathered."""
+
+    @staticmethod
+    def forward(ctx, tensor, axis, tp):
+        ctx.axis, ctx.tp = axis, tp
+        return reduce_scatter(tensor, axis, tp)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return all_gather(grad, ctx.axis, ctx.tp), None, None
+
+
+class _GatherEnter(torch.autograd.Function):
+    """Blocks of positions gathered for split computations; backward, the ranks' shares
+    of the gradient summed, each rank keeping its block: reduce-scatter."""
+
+    @staticmethod
+    def forward(ctx, tensor, axis, tp):
+        ctx.axis, ctx.tp = axis, tp
+        return all_gather(tensor, axis, tp)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return reduce_scatter(grad, ctx.axis, ctx.tp), None, None
+
+
+def all_gather(x, axis, tp):
+    parts = [torch.empty_like(x) for _ in range(tp.size)]
+    torch.distributed.all_gather(parts, x.contiguous(), group=tp.group)
+    return torch.cat(parts, dim=axis)
+
+
+def reduce_scatter(x, axis, tp):
+    parts = [part.contiguous() for part in x.chunk(tp.size, dim=axis)]
+    out = torch.empty_like(parts[tp.rank])
+    torch.distributed.reduce_scatter(out, parts, group=tp.group)
+    return out
+
+
+def tp_sequence(sp, *lengths):
+    """Sequence parallelism for this call: the values between the split computations held
+    as blocks of positions, where the ranks split every run length evenly (else whole)."""
+    if sp is not None:
+        sp.sequence = all(n % sp.size == 0 for n in lengths)
+
+
+def tp_whole(x, sp, axis):
+    return _Gather.apply(x, axis, sp) if sp is not None and sp.sequence else x
+
+
+def tp_scatter(x, sp, axis):
+    return _Scatter.apply(x, axis, sp) if sp is not None and sp.sequence else x
+
+
+
+def tp_shared(x, sp):
+    """A value read at every position of blocks of positions (a norm's weights): the
+    identity; backward, the sum of the ranks' gradients."""
+    if sp is None or not sp.sequence or not x.requires_grad:
+        return x
+    return _Enter.apply(x, sp.group)
+
+
+
+def tp_enter(x, tp, sp=None, axis=-2):
+    if sp is not None and sp.sequence:  # blocks of positions: gathered first
+        return _Gather.apply(x, axis, sp) if tp is None else _GatherEnter.apply(x, axis, sp)
     if tp is None or not isinstance(x, torch.Tensor) or not x.requires_grad:
         return x
     return _Enter.apply(x, tp.group)
 
 
-def tp_reduce(x, tp):
+def tp_reduce(x, tp, sp=None, axis=-2):
+    if sp is not None and sp.sequence:  # each rank keeps its block of positions
+        return _Scatter.apply(x, axis, sp) if tp is None else _ReduceScatter.apply(x, axis, sp)
     return x if tp is None else _Reduce.apply(x, tp.group)
 
 
@@ -205,34 +290,42 @@ def tp_gather(x, axis, tp):
     return x if tp is None else _Gather.apply(x, axis, tp)
 
 
-def tp_lookup(ids, table, tp):
+def tp_lookup(ids, table, tp, sp=None, axis=-2):
     """Rows of a table split along its rows (the vocabulary): each rank looks up the ids
     it holds, 0 for the others, and the ranks' rows are summed."""
     if tp is None:
-        return nn.functional.embedding(ids, table)
+        return tp_reduce(nn.functional.embedding(ids, table), tp, sp, axis)
     rows = table.shape[0]
     first = tp.rank * rows
     held = (ids >= first) & (ids < first + rows)
     found = nn.functional.embedding((ids - first).clamp(0, rows - 1), table)
     found = found * held.unsqueeze(-1)
-    return tp_reduce(found.to(table.dtype), tp)
+    return tp_reduce(found.to(table.dtype), tp, sp, axis)
 
 
 # per class, the parameters split and the axis of each (lowering/parallel.py)
-TP_PLAN = {"MH": {"W_Q": 1, "b_Q": 0, "W_K": 1, "b_K": 0, "W_V": 1, "b_V": 0, "W_O": 0},
+TP_PLAN = {"LN": {}, "MH": {"W_Q": 1, "b_Q": 0, "W_K": 1, "b_K": 0, "W_V": 1, "b_V": 0, "W_O": 0},
            "FF_GELU": {"W_1": 1, "b_1": 0, "W_2": 0}, "BERT": {"W_e": 0, "b": 0}}
+# per class of the model and its layers, the modules its lines call that hold blocks of
+# positions under sequence parallelism
+SP_PLAN = {"BERT": ["embeddings_LayerNorm"],
+           "BERTLayer": ["attention", "attention_LayerNorm", "ffn", "output_LayerNorm"]}
 
 
-def parallelize(model, tp_mesh=None, dp_mesh=None):
+def parallelize(model, tp_mesh=None, dp_mesh=None, sequence=True):
     """Spread `model` over devices: tensor parallelism over the 1-D mesh `tp_mesh` (its
     parameters split as TP_PLAN says, each rank keeping its block as a DTensor shard), then
     FSDP2 over `dp_mesh` (fully_shard on each layer, then on the whole model). Either mesh
     may be None; both are the two dimensions of one 2-D mesh for FSDP over TP. Every rank
     must hold the same whole parameters before (one seed, or the same weights loaded);
+    with `sequence`, the values between the split computations are held as blocks of the
+    positions (sequence parallelism) where the ranks split the run's length evenly;
     returns `model`."""
     if tp_mesh is not None:
         from torch.distributed.tensor import Shard, distribute_tensor
         from torch.distributed.tensor.parallel import ParallelStyle, parallelize_module
+
+        ranks = TensorParallel(tp_mesh)
 
         class Split(ParallelStyle):
             """fgc's plan for one module: its split parameters, each Shard(axis) over the
@@ -252,7 +345,7 @@ def parallelize(model, tp_mesh=None, dp_mesh=None):
                             "split evenly")
                     shard = distribute_tensor(p.detach(), mesh, [Shard(axis)])
                     module.register_parameter(name, nn.Parameter(shard, p.requires_grad))
-                module.tp = TensorParallel(mesh)
+                module.tp = ranks
                 return module
 
         plan = {fqn: Split(TP_PLAN[type(m).__name__]) for fqn, m in model.named_modules()
@@ -268,6 +361,17 @@ def parallelize(model, tp_mesh=None, dp_mesh=None):
             for m in model.modules():  # the layers: their lines meet the model's splits
                 if hasattr(m, "tp") and m.tp is None and type(m).__name__ not in TP_PLAN:
                     m.tp = model.tp
+        if sequence:  # the model, its layers and the modules their lines call
+            for m in model.modules():
+                uses = SP_PLAN.get(type(m).__name__)
+                if uses is None:
+                    continue
+                if hasattr(m, "sp"):
+                    m.sp = ranks
+                children = dict(m.named_children())
+                for name in uses:
+                    if children.get(name) is not None:
+                        children[name].sp = ranks
     if dp_mesh is not None:
         from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
 
@@ -321,6 +425,7 @@ class MH(nn.Module):
         self.D = D
         self.H = H
         self.tp = None  # parallelize(): the ranks its split parameters are spread over
+        self.sp = None  # parallelize(): the ranks its positions are split over
         self.W_Q = nn.Parameter(torch.empty(H, A, D))  # W_i^Q: R[H, D] for each of A
         self.b_Q = nn.Parameter(torch.empty(A, D))  # b_i^Q: R[D] for each of A
         self.W_K = nn.Parameter(torch.empty(H, A, D))  # W_i^K: R[H, D] for each of A
@@ -344,7 +449,7 @@ class MH(nn.Module):
 
     def forward(self, X):
         # read by split computations: backward, its gradient summed
-        X_entered_________2 = tp_enter(X, self.tp)
+        X_entered_________2 = tp_enter(X, self.tp, self.sp, -2)
         # (*, A, T, D)  bert.fgpt:37
         head = self.Attention(
             (
@@ -373,8 +478,13 @@ class MH(nn.Module):
             ),
         )
         return (
-            tp_reduce(project(head.movedim(-3, -2).flatten(-2), local(self.W_O)), self.tp)
-            + self.b_O
+            tp_reduce(
+                project(head.movedim(-3, -2).flatten(-2), local(self.W_O)),
+                self.tp,
+                self.sp,
+                -2,
+            )
+            + tp_shared(self.b_O, self.sp)
         )
 
 
@@ -391,6 +501,7 @@ class LN(nn.Module):
         super().__init__()
         self.H = H
         self.eps = eps
+        self.sp = None  # parallelize(): the ranks its positions are split over
         self.gamma = nn.Parameter(torch.empty(H,))  # gamma: R[H]
         self.beta = nn.Parameter(torch.empty(H,))  # beta: R[H]
         self.reset_parameters()
@@ -400,7 +511,13 @@ class LN(nn.Module):
         nn.init.zeros_(self.beta)
 
     def forward(self, X):
-        return layer_norm(X, self.gamma.shape, self.gamma, self.beta, self.eps)
+        return layer_norm(
+            X,
+            self.gamma.shape,
+            tp_shared(self.gamma, self.sp),
+            tp_shared(self.beta, self.sp),
+            self.eps,
+        )
 
 
 class GELU_erf(nn.Module):
@@ -430,6 +547,7 @@ class FF_GELU(nn.Module):
         self.F = F
         self.H = H
         self.tp = None  # parallelize(): the ranks its split parameters are spread over
+        self.sp = None  # parallelize(): the ranks its positions are split over
         self.W_1 = nn.Parameter(torch.empty(H, F))  # W_1: R[H, F]
         self.b_1 = nn.Parameter(torch.empty(F,))  # b_1: R[F]
         self.W_2 = nn.Parameter(torch.empty(F, H))  # W_2: R[F, H]
@@ -448,13 +566,18 @@ class FF_GELU(nn.Module):
             tp_reduce(
                 project(
                     self.GELU_erf(
-                        project(tp_enter(X, self.tp), local(self.W_1)) + local(self.b_1),
+                        (
+                            project(tp_enter(X, self.tp, self.sp, -2), local(self.W_1))
+                            + local(self.b_1)
+                        ),
                     ),
                     local(self.W_2),
                 ),
                 self.tp,
+                self.sp,
+                -2,
             )
-            + self.b_2
+            + tp_shared(self.b_2, self.sp)
         )
 
 
@@ -621,6 +744,7 @@ class BERT(nn.Module):
         super().__init__()
         self.config = config
         self.tp = None  # parallelize(): the ranks its split parameters are spread over
+        self.sp = None  # parallelize(): the ranks its positions are split over
         self.W_e = nn.Parameter(torch.empty(config.V, config.H))  # W_e: R[V, H]
         self.W_p = nn.Parameter(torch.empty(config.n, config.H))  # W_p: R[n, H]
         self.W_t = nn.Parameter(torch.empty(2, config.H))  # W_t: R[2, H]
@@ -642,6 +766,7 @@ class BERT(nn.Module):
             f"sequence of {T} tokens; "
             f"the model takes at most {self.config.n}"
         )
+        tp_sequence(self.sp, T)
         if attention_mask is not None:  # a padded batch: each row's tokens alone
             assert attention_mask.shape[-1] == T, (
                 f"attention_mask covers {attention_mask.shape[-1]} positions; "
@@ -661,16 +786,22 @@ class BERT(nn.Module):
         # (B, T, H)  bert.fgpt:111
         X_0 = self.embeddings_LayerNorm(
             (
-                tp_lookup(x, local(self.W_e), self.tp)
-                + rows_at(self.W_p, at, T)
-                + embedding(t, self.W_t)
+                tp_lookup(x, local(self.W_e), self.tp, self.sp, -2)
+                + tp_scatter(rows_at(self.W_p, at, T), self.sp, -2)
+                + tp_scatter(embedding(t, self.W_t), self.sp, -2)
             ),
         )
         X_L = X_0
         for layer in self.layers:  # L layers
             X_L = layer(X_L)
         return tp_gather(
-            project(tp_enter(self.transform(X_L), self.tp), local(self.W_e).mT) + local(self.b),
+            (
+                project(
+                    tp_enter(self.transform(tp_whole(X_L, self.sp, -2)), self.tp),
+                    local(self.W_e).mT,
+                )
+                + local(self.b)
+            ),
             -1,
             self.tp,
         )
