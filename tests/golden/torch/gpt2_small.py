@@ -265,14 +265,12 @@ def tp_scatter(x, sp, axis):
     return _Scatter.apply(x, axis, sp) if sp is not None and sp.sequence else x
 
 
-
 def tp_shared(x, sp):
     """A value read at every position of blocks of positions (a norm's weights): the
     identity; backward, the sum of the ranks' gradients."""
     if sp is None or not sp.sequence or not x.requires_grad:
         return x
     return _Enter.apply(x, sp.group)
-
 
 
 def tp_enter(x, tp, sp=None, axis=-2):
