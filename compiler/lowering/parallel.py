@@ -684,11 +684,13 @@ class _Seq:
             axes = None if touched else self.per_position(e, qs)
             if axes is not None:
                 for k, o in enumerate(e.ins):
-                    if k in qs or o.name is None or o.name in self.fixed:
+                    if k in qs or o.name is None:
                         continue
                     a = self.value_axis(o)
-                    self.use(e, k, "scatter", a) if a is not None else \
-                        self.use(e, k, "shared", 0)  # read at every position
+                    if a is not None:
+                        self.use(e, k, "scatter", a)
+                    elif o.name not in self.fixed:  # read at every position
+                        self.use(e, k, "shared", 0)
                 for o, a in zip(e.outs, axes):
                     self.state[o.name] = a
                 if e.op == "call" and e.attrs["module"] in self.plans:  # a norm's weights
