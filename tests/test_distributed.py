@@ -209,3 +209,61 @@ def test_planning_numbers_with_and_without_sequence_parallelism():
     assert fwd == [4 * b * t * h, 2 * b * t * h]
     r = fgc("params", llama, "--no-sequence-parallel")
     assert r.returncode == 2 and "give one" in r.stderr
+
+
+NESTED = """
+module Block[A, F](X: R[n, H], Mask: R[n, n]) -> R[n, H] {
+  Block(X, Mask) = Y + FF^GELU[F](LN(Y))
+    where Y = X + MH[A, H / A](LN(X), Mask)
+}
+
+model Nested {
+  hyper L = 2, H = 16, A = 2, F = 32, V = 12, n = 8
+  input x: {1..V}^n
+  param W_e: R[V, H]
+  H^(0) = OneHot(x) @ W_e
+  layers l in 1..L {
+    H^(l) = Block[A, F](H^(l-1), Mask^AR)
+  }
+  output P = Softmax(LN(H^(L)) @ W_e^T)
+}
+"""
+
+
+def _plans(path):
+    from compiler.lowering import prepare
+    from compiler.lowering.parallel import plan
+    from compiler.pipeline import load
+    sym = load(str(path)).symbolic()
+    return plan(*prepare(sym.model, sym.functions))
+
+
+def test_sequence_parallelism_is_marked_where_it_is_sound(tmp_path):
+    """The plan's blocks of positions, without a launch: Llama's residual stream and norms
+    are blocks, each attention and feed-forward net gathers them where its split products
+    read them and reduce-scatters what it sums, and its norms' weights have their gradients
+    summed; Mixtral's fused mixture of experts reads the whole sequence; a module with split
+    computations called from inside another module (Block) keeps its inputs whole, and
+    layers that would only cut what they carry into blocks to gather it again carry it
+    whole (here: nothing is held as blocks)."""
+    llama = _plans(ROOT / "specs" / "llama.fgpt")
+    body, attention, mlp = llama[""], llama["GQA^llama3"], llama["SwiGLU"]
+    assert body.positions == ["n"]
+    assert {"H^(l-1)", "Hhat^(l)", "H^(l)", "Hf"} <= set(body.sequence)
+    assert body.seq_made == {"H^(0)": ("reduce", -2)}  # the vocabulary's lookup
+    for module in (attention, mlp):
+        assert module.sequence["X"] == -2
+        assert {how for how, _ in module.seq_uses.values()} == {"enter"}
+        assert [how for how, _ in module.seq_made.values()] == ["reduce"]
+    assert llama["RMSNorm"].shared
+    assert {"ln_1", "attn", "ln_2", "mlp", "ln_f"} <= body.seq_instances
+    mixtral = _plans(ROOT / "specs" / "mixtral.fgpt")
+    moe = [k for k, (how, _) in mixtral[""].seq_uses.items() if how == "whole"]
+    assert len(moe) == 1 and not any(p.seq_uses for name, p in mixtral.items()
+                                     if name.startswith("MoE"))
+    path = tmp_path / "nested.fgpt"
+    path.write_text(NESTED)
+    nested = _plans(path)
+    assert nested["MH"].active and nested["FF^GELU"].active
+    assert not nested["MH"].seq_uses and not nested["FF^GELU"].seq_made
+    assert not nested[""].positions and not nested[""].seq_made and not nested[""].seq_uses

@@ -530,12 +530,42 @@ def sequence(model: ir.Model, functions: dict[str, ir.Function],
         if sig is not None and walk.start(functions[m], sig):
             walk.run(functions[m].eqns)
             top.modules[m] = (sig, tuple(walk.state.get(o.name) for o in functions[m].outputs))
+    whole: set[int] = set()  # layers whose values would only be cut and gathered again
+    while True:
+        useless = _walk_body(top, model, skip, whole)
+        if not useless:
+            break
+        whole |= useless
+        top.state.clear()
+        top.fixed.clear()
+        _clear(plans, top.plan)
+    top.plan.sequence.update(top.state)
+    if top.plan.sequence:
+        top.plan.positions = sorted(names)
+        return
+    for p in plans.values():  # nothing the body holds as blocks: none anywhere
+        _clear(plans, p)
+        p.sequence.clear()
+        p.seq_uses.clear()
+        p.seq_made.clear()
+
+
+def _walk_body(top: _Seq, model: ir.Model, skip: Eqn | None, whole: set[int]) -> set[int]:
+    """The model's body walked, the layers of block k in `whole` carrying whole values;
+    the blocks whose layers hold no value as blocks of positions but what they carry (each
+    layer would gather it whole and cut it again)."""
+    useless = set()
+    loops = [item for item in model.body if isinstance(item, Loop)]
+    top.carried = {x for k, loop in enumerate(loops) if k not in whole
+                   for c in loop.carried for x in (c.init, c.result)}
+    top.kept = {c.init for k, loop in enumerate(loops) if k in whole for c in loop.carried}
+    k = 0
     for item in model.body:
         if not isinstance(item, Loop):
             if item is not skip:
                 top.eqn(item)
             continue
-        for c in item.carried:  # inside the layers, what they carry is blocks of positions
+        for c in item.carried if k not in whole else ():  # carried as blocks of positions
             a = top.axis(top.types[c.init])
             if a is not None:
                 top.state[c.inner] = a
@@ -544,14 +574,20 @@ def sequence(model: ir.Model, functions: dict[str, ir.Function],
         for x, last in item.results:
             if x in top.state:
                 top.state[last] = top.state[x]
-    top.plan.sequence.update(top.state)
-    if top.plan.sequence:
-        top.plan.positions = sorted(names)
-        return
-    for p in plans.values():  # nothing the body holds as blocks: none anywhere
-        p.sequence.clear()
-        p.seq_uses.clear()
-        p.seq_made.clear()
+        if k not in whole and not any(
+                o.name in top.state and top.plan.seq_made.get(o.name, ("",))[0] != "scatter"
+                for e in item.body for o in e.outs):
+            useless.add(k)
+        k += 1
+    return useless
+
+
+def _clear(plans: dict[str, Plan], plan: Plan) -> None:
+    """The marks a walk of the model's body left: on its plan, and the modules' weights."""
+    plan.seq_uses.clear()
+    plan.seq_made.clear()
+    plan.seq_instances.clear()
+    for p in plans.values():
         p.shared = False
 
 
@@ -597,6 +633,7 @@ class _Seq:
         self.ell: int | None = None  # in a module: how deep in its `...` the positions are
         self.carried = carried  # the values the layers carry (held as blocks)
         self.returned = returned  # the values the body returns (whole)
+        self.kept: set[str] = set()  # the first values of layers that carry them whole
         self.modules: dict[str, tuple] = {}  # module -> (its inputs' axes, its outputs')
         self.state: dict[str, int] = {}
         self.types: dict[str, ir.TensorType] = {}
@@ -705,7 +742,7 @@ class _Seq:
     def made(self, e: Eqn) -> None:
         for o in e.outs:
             a = self.axis(o.type)
-            if o.name in self.returned:
+            if o.name in self.returned or o.name in self.kept:  # (layers that keep it whole)
                 if o.name in self.state:
                     self.plan.seq_made[o.name] = ("whole", self.state.pop(o.name))
                 continue
