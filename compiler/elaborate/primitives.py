@@ -346,6 +346,11 @@ PRIMITIVES: dict[str, Primitive] = dict([
         "elementwise"),
 ])
 
+# what keeps positions apart (the incremental form, sequence parallelism): each entry from
+# the same entries of the operands, and along the last axis only
+ELEMENTWISE = frozenset(name for name, p in PRIMITIVES.items() if p.family == "elementwise")
+LAST_AXIS = frozenset(name for name, p in PRIMITIVES.items() if p.family == "last_axis")
+
 # Primitives a spec calls by name; the rest come from operators and comprehensions.
 CALLABLE = {"max", "min", "pow", "exp", "log", "sqrt", "tanh", "sigmoid", "erf", "sin", "cos",
             "abs", "floor", "ceil", "sum",

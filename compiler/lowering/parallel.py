@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from ..elaborate import ir
 from ..elaborate.intrinsics import intrinsic, is_kind
 from ..elaborate.ir import Ell, Eqn, Loop
+from ..elaborate.primitives import ELEMENTWISE, LAST_AXIS
 from ..elaborate.symbolic import Poly
 from ..errors import Diagnostic
 from ..names import family_axis
@@ -450,12 +451,11 @@ def uneven(plans: dict[str, Plan], configurations: list[tuple[str, dict]], tp: i
 
 
 # --------------------------------------------------------------- sequence parallelism
-# operations that act on each position alone where the positions lie in a module's `...`
-# (they act on the last axes only): elementwise, reductions over the last axis, products
-PER_POSITION_OPS = POINTWISE | frozenset({
-    "mod", "floor", "ceil", "eq", "ne", "lt", "le", "gt", "ge", "and", "or", "not", "select",
-    "sum", "mean", "amax", "keeptopk", "argmax", "argsort", "matmul", "transpose", "concat",
-    "stopgrad"})
+# what acts on each position alone: entry by entry (a `cond` picks one operand whole;
+# summing a family's members is its own), and, where the positions lie in a module's `...`,
+# along the last axis or the last two (products, transposes)
+ENTRYWISE = (ELEMENTWISE | {"cond"}) - {"sum_members"}
+PER_POSITION_OPS = ENTRYWISE | LAST_AXIS | {"matmul", "transpose"}
 PER_POSITION_KINDS = POINTWISE_KINDS | frozenset({"layer_norm", "rms_norm", "softmax"})
 
 
@@ -502,7 +502,7 @@ def sequence(model: ir.Model, functions: dict[str, ir.Function],
     returned, skip = _returned(model, functions, body)
     if not carried <= made or not returned <= made:
         return  # the layers' first value is an input, or a result is the layers' own
-    top = _Seq(plans[""], functions, plans, names, carried, returned)
+    top = _Seq(plans[""], functions, plans, names, returned)
     top.held = {x for loop in loops for x in loop.shared}  # modules the layers share
     top.types.update({v.name: v.type for v in model.inputs})
     top.types.update({p.name: p.type for p in model.params})
@@ -526,7 +526,7 @@ def sequence(model: ir.Model, functions: dict[str, ir.Function],
         sig = tuple(top.value_axis(o) for o in e.ins)
         signatures[m] = sig if signatures.get(m, sig) == sig else None
     for m, sig in signatures.items():
-        walk = _Seq(plans[m], functions, plans, set(), set(), set())
+        walk = _Seq(plans[m], functions, plans, set(), set())
         if sig is not None and walk.start(functions[m], sig):
             walk.run(functions[m].eqns)
             top.modules[m] = (sig, tuple(walk.state.get(o.name) for o in functions[m].outputs))
@@ -538,16 +538,12 @@ def sequence(model: ir.Model, functions: dict[str, ir.Function],
         whole |= useless
         top.state.clear()
         top.fixed.clear()
-        _clear(plans, top.plan)
+        _clear(plans, [top.plan])
     top.plan.sequence.update(top.state)
     if top.plan.sequence:
         top.plan.positions = sorted(names)
-        return
-    for p in plans.values():  # nothing the body holds as blocks: none anywhere
-        _clear(plans, p)
-        p.sequence.clear()
-        p.seq_uses.clear()
-        p.seq_made.clear()
+    else:  # nothing the body holds as blocks: none anywhere
+        _clear(plans, plans.values())
 
 
 def _walk_body(top: _Seq, model: ir.Model, skip: Eqn | None, whole: set[int]) -> set[int]:
@@ -582,11 +578,13 @@ def _walk_body(top: _Seq, model: ir.Model, skip: Eqn | None, whole: set[int]) ->
     return useless
 
 
-def _clear(plans: dict[str, Plan], plan: Plan) -> None:
-    """The marks a walk of the model's body left: on its plan, and the modules' weights."""
-    plan.seq_uses.clear()
-    plan.seq_made.clear()
-    plan.seq_instances.clear()
+def _clear(plans: dict[str, Plan], marked) -> None:
+    """The sequence-parallel marks of the plans `marked`, and the modules' weights'."""
+    for plan in marked:
+        plan.sequence.clear()
+        plan.seq_uses.clear()
+        plan.seq_made.clear()
+        plan.seq_instances.clear()
     for p in plans.values():
         p.shared = False
 
@@ -625,20 +623,20 @@ class _Seq:
     """The sequence-parallel walk of one body (the model's, or a module's called from it):
     `state` holds the values held as blocks of positions, with the axis (from the end)."""
 
-    def __init__(self, plan, functions, plans, names, carried, returned):
+    def __init__(self, plan, functions, plans, names, returned):
         self.plan = plan
         self.functions = functions
         self.plans = plans
         self.names = names  # the sizes that are the positions here
         self.ell: int | None = None  # in a module: how deep in its `...` the positions are
-        self.carried = carried  # the values the layers carry (held as blocks)
+        self.carried: set[str] = set()  # the values the layers carry (held as blocks)
         self.returned = returned  # the values the body returns (whole)
         self.kept: set[str] = set()  # the first values of layers that carry them whole
         self.modules: dict[str, tuple] = {}  # module -> (its inputs' axes, its outputs')
         self.state: dict[str, int] = {}
         self.types: dict[str, ir.TensorType] = {}
         self.top = bool(names)  # the model's body (a module's walk starts without names)
-        self.held: set[str] = set()
+        self.held: set[str] = set()  # modules the layers share (the model's, kept whole)
         self.fixed: set[str] = set()  # values of sizes alone
 
     def axis(self, t: ir.TensorType | None) -> int | None:
@@ -762,8 +760,7 @@ class _Seq:
         if len(axes) != 1:
             return None
         (a,) = axes
-        if e.op in POINTWISE or e.op in ("select", "cond", "mod", "eq", "ne", "lt", "le",
-                                         "gt", "ge", "and", "or", "not", "stopgrad"):
+        if e.op in ENTRYWISE:
             for k, o in enumerate(e.ins):
                 if k in qs or o.name is None:
                     continue

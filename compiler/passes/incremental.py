@@ -26,14 +26,13 @@ from dataclasses import dataclass, field
 from ..elaborate import ir
 from ..elaborate.intrinsics import CAUSAL_KINDS, intrinsic, is_kind, mask_kind
 from ..elaborate.ir import Ell, Eqn, Loop, TensorType, sequence_symbols
-from ..elaborate.primitives import PRIMITIVES
+from ..elaborate.primitives import ELEMENTWISE, LAST_AXIS
 from ..elaborate.symbolic import Poly, format_poly
 from ..errors import FgcError, Span
 from .families import eqn_has_axis, grouped
 
 # what keeps positions apart: element-wise ops and those along the last axis only
-POINTWISE = {name for name, p in PRIMITIVES.items() if p.family == "elementwise"} | {"cond"}
-LAST_AXIS = {name for name, p in PRIMITIVES.items() if p.family == "last_axis"}
+POINTWISE = ELEMENTWISE | {"cond"}
 
 
 class NotIncremental(FgcError):

@@ -632,42 +632,36 @@ class Body:
         """A replicated value as split computations read it: through tp_enter (backward,
         the ranks' gradients summed), one for all its uses in this body, so that the sum
         is one all-reduce; held as blocks of positions (`seq`), gathered first."""
-        key = (o.name, str(o.member))
-        entered = self.entered
-        if key not in entered:
-            py = self.namer.alias(f"{o.name}#{o.member}#entered", f"{o.name}_entered")
-            args = (SP, Const(seq[1])) if seq is not None else ()
-            expr = call("tp_enter", v.expr, TP, *args)
-            self.by_py[py] = _Val(Ref(py), v.layout, v.type, raw_lo=v.raw_lo)
-            self.exprs[py] = expr
-            self.deps[py] = list(expr.refs())
-            self.comments[py] = "read by split computations: backward, its gradient summed"
-            self.pending.append((py, e))
-            entered[key] = py
-        out = _Val(Ref(entered[key]), v.layout, v.type, raw_lo=v.raw_lo, producer=v.producer,
-                   named=v.named)
-        out.stored = v.stored
-        return out
+        args = (SP, Const(seq[1])) if seq is not None else ()
+        return self._once(o, v, e, "entered", call("tp_enter", v.expr, TP, *args),
+                          "read by split computations: backward, its gradient summed")
 
     def _sequence(self, o: Operand, v: _Val, e: Eqn, seq: tuple[str, int]) -> _Val:
-        """A value held as blocks of positions read whole (tp_whole), or a whole value read
-        with such blocks (tp_scatter): one for all its uses in this body."""
+        """A value held as blocks of positions read whole (tp_whole), a whole value read
+        with such blocks (tp_scatter), or one read at every position of them (tp_shared)."""
         how, axis = seq
+        expr = call(f"tp_{how}", v.expr, SP, *((Const(axis),) if how != "shared" else ()))
+        return self._once(o, v, e, how, expr, {
+            "whole": "gathered from the ranks' blocks of positions",
+            "scatter": "this rank's block of positions",
+            "shared": "read at every position: backward, its gradient summed"}[how])
+
+    def _once(self, o: Operand, v: _Val, e: Eqn, how: str, expr: Expr, comment: str) -> _Val:
+        """Operand `o` (as `v`) read through `expr`, named once for all its reads in this
+        body: `x_entered`, `x_whole`, ..."""
         key = (how, o.name, str(o.member))
         if key not in self.entered:
             py = self.namer.alias(f"{o.name}#{o.member}#{how}", f"{o.name}_{how}")
-            expr = call(f"tp_{how}", v.expr, SP, *((Const(axis),) if how != "shared" else ()))
             self.by_py[py] = _Val(Ref(py), v.layout, v.type, raw_lo=v.raw_lo)
             self.exprs[py] = expr
             self.deps[py] = list(expr.refs())
-            self.comments[py] = {
-                "whole": "gathered from the ranks' blocks of positions",
-                "scatter": "this rank's block of positions",
-                "shared": "read at every position: backward, its gradient summed"}[how]
+            self.comments[py] = comment
             self.pending.append((py, e))
             self.entered[key] = py
-        return _Val(Ref(self.entered[key]), v.layout, v.type, raw_lo=v.raw_lo,
-                    producer=v.producer, named=v.named)
+        out = _Val(Ref(self.entered[key]), v.layout, v.type, raw_lo=v.raw_lo,
+                   producer=v.producer, named=v.named)
+        out.stored = v.stored
+        return out
 
     def _tp_made(self, out: ir.Value, expr: Expr, layout: Layout) -> Expr:
         """A value as the tensor-parallel plan has it made: this rank's block of a family

@@ -190,13 +190,17 @@ class _Gather(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, axis, tp):
         ctx.axis, ctx.tp = axis, tp
-        parts = [torch.empty_like(tensor) for _ in range(tp.size)]
-        torch.distributed.all_gather(parts, tensor.contiguous(), group=tp.group)
-        return torch.cat(parts, dim=axis)
+        return all_gather(tensor, axis, tp)
 
     @staticmethod
     def backward(ctx, grad):
         return grad.chunk(ctx.tp.size, dim=ctx.axis)[ctx.tp.rank].contiguous(), None, None
+
+
+def all_gather(x, axis, tp):
+    parts = [torch.empty_like(x) for _ in range(tp.size)]
+    torch.distributed.all_gather(parts, x.contiguous(), group=tp.group)
+    return torch.cat(parts, dim=axis)
 
 
 class _Scatter(torch.autograd.Function):
@@ -239,12 +243,6 @@ class _GatherEnter(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         return reduce_scatter(grad, ctx.axis, ctx.tp), None, None
-
-
-def all_gather(x, axis, tp):
-    parts = [torch.empty_like(x) for _ in range(tp.size)]
-    torch.distributed.all_gather(parts, x.contiguous(), group=tp.group)
-    return torch.cat(parts, dim=axis)
 
 
 def reduce_scatter(x, axis, tp):
