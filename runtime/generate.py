@@ -242,10 +242,10 @@ class _OnnxRunner:
         padded = {self.pad: mask} if mask is not None else {}
         checked = self.model.check({**fixed, self.tokens: ids, **padded})
         self.buffers = None
+        self.fixed_checked = {k: checked[k] for k in self.others}
         if self.cached and self.inc.get("share_buffer") and self.pad is not None and room:
             self.buffers = _Buffers(self.model, self.inc["cache"], ids.shape[0], room,
-                                    self.logits_name)
-        self.fixed_checked = {k: checked[k] for k in self.others}
+                                    self.logits_name, self.fixed_checked)
         # no past yet (the prefill form): the checked feeds hold it empty
         self.empty = {c["past"]: checked[c["past"]] for c in (self.inc or {}).get("cache", [])}
         if not self.cached:
@@ -281,9 +281,9 @@ class _OnnxRunner:
 
     def _step(self, ids: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
         if self.buffers is not None:
-            padding = self._padding(mask, ids.shape[0], self.buffers.length + ids.shape[1])
-            return self.buffers.step({**self.fixed_checked, **padding, self.tokens: ids},
-                                     ids.shape[1])
+            width = self.buffers.length + ids.shape[1]
+            padding = {self.pad: mask if mask is not None else self.buffers.mask(width)}
+            return self.buffers.step({**padding, self.tokens: ids}, ids.shape[1])
         cache = self.inc["cache"]
         names = [self.logits_name] + [c["present"] for c in cache]
         past = next(iter(self.past.values())).shape[-2] if self.past else 0
@@ -298,9 +298,13 @@ class _Buffers:
     """A graph's past and present in one buffer per tensor, as long as the run may grow
     (GroupQueryAttention's past_present_share_buffer, where the signature says every cached
     attention takes it: `share_buffer`): bound once through onnxruntime's IO binding, each
-    step writes its keys and values in place, and nothing is concatenated or copied."""
+    step writes its keys and values in place, and nothing is concatenated or copied. The
+    inputs that do not change (the model's other inputs) are bound once; a one-token step
+    writes its logits into one buffer bound once too, and reads the padding mask of a batch
+    without padding from a buffer of ones."""
 
-    def __init__(self, model: Model, cache: list[dict], batch: int, room: int, logits: str):
+    def __init__(self, model: Model, cache: list[dict], batch: int, room: int, logits: str,
+                 fixed: dict):
         import onnxruntime as ort
         self.session = model.session
         self.logits = logits
@@ -315,17 +319,39 @@ class _Buffers:
             self.values.append(value)
             self.binding.bind_ortvalue_input(c["past"], value)
             self.binding.bind_ortvalue_output(c["present"], value)
-        self.binding.bind_output(logits)
+        for name, x in fixed.items():
+            self.binding.bind_cpu_input(name, np.ascontiguousarray(x))
+        # the mask of `width` positions of every row, where no row is padded: the first
+        # batch * width ones, contiguous
+        self.ones = np.ones(batch * room, np.int64)
+        self.batch = batch
+        vocabulary = next((o.shape[-1] for o in self.session.get_outputs()
+                           if o.name == logits), None)
+        self.one = None  # a one-token step's logits [batch, 1, V], where V is known
+        if isinstance(vocabulary, int):
+            self.one = np.empty((batch, 1, vocabulary), real)
+            self.one_value = ort.OrtValue.ortvalue_from_numpy(self.one)
+        self.bound_one = False
+
+    def mask(self, width: int) -> np.ndarray:
+        return self.ones[:self.batch * width].reshape(self.batch, width)
 
     def step(self, feeds: dict, new: int) -> np.ndarray:
         for name, x in feeds.items():
             self.binding.bind_cpu_input(name, np.ascontiguousarray(x))
-        self.binding.bind_output(self.logits)  # of this step's shape
+        one = new == 1 and self.one is not None
+        if one and not self.bound_one:
+            self.binding.bind_ortvalue_output(self.logits, self.one_value)
+        elif not one:
+            self.binding.bind_output(self.logits)  # of this step's shape
+        self.bound_one = one
         try:
             self.session.run_with_iobinding(self.binding)
         except Exception as e:  # noqa: BLE001
             raise RuntimeError_(f"onnxruntime failed: {str(e)[:300]}") from None
         self.length += new
+        if one:
+            return self.one[:, -1]  # read before the next step writes it
         logits = self.binding.get_outputs()[len(self.values)]
         return logits.numpy()[:, -1]
 

@@ -299,6 +299,29 @@ def test_ragged_prompts_generate_what_each_prompt_generates_alone(decoder, targe
     assert generate(model, prompts, 6) == want.tolist()
 
 
+def test_decoding_in_place_picks_what_copying_the_cache_picks(decoder):
+    """Under --optimize ort, a graph whose attentions are GroupQueryAttention reads its past
+    from buffers as long as the run and writes the present into them (`share_buffer`;
+    Mistral's window keeps the standard attention, which concatenates), and each
+    one-token step writes its logits into one buffer: every row picks what the run that
+    copies the cache in and out at every step picks, ragged prompts and sampling
+    included."""
+    from runtime import generate, load
+    spec, _, out = decoder
+    model = load(out["ort"])
+    shares = spec != "mistral"
+    assert bool(model.incremental.get("share_buffer")) == shares, spec
+    prompts = [[5, 17, 3], [8, 1, 2, 9, 44, 12], [7]]
+    for kw in ({}, {"temperature": 0.9, "top_k": 20, "seed": 4}):
+        shared = [generate(model, p, 9, **kw) for p in (prompts, [prompts[0]])]
+        model.incremental["share_buffer"] = False
+        try:
+            copied = [generate(model, p, 9, **kw) for p in (prompts, [prompts[0]])]
+        finally:
+            model.incremental["share_buffer"] = shares
+        assert shared == copied, (spec, kw)
+
+
 def test_a_step_takes_the_mask_of_the_past_and_the_new_positions(decoder, tmp_path):
     spec, ref, out = decoder
     model = module(out["torch"])

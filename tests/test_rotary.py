@@ -367,6 +367,22 @@ def test_group_query_attention_turns_queries_and_keys_itself(spec, tmp_path):
     _steps_as_the_full_recompute(out, "ort", relative=True)
 
 
+@pytest.mark.parametrize("target", ["onnx", "ort"])
+def test_the_kv_cache_graph_reads_its_rotations_from_stored_tables(target, tmp_path):
+    """The incremental form turns its new positions by rows of cosines and sines stored for
+    every position the context reaches (n rows), not by recomputing every position up to
+    its own at each step: no Cos or Sin runs in the graph, and the steps are the full
+    recompute's."""
+    out = _compile_decoder("llama", tmp_path, "--kv-cache", sizes=TURNED["llama"])
+    graph = onnx.load(str(out[target] / "model.onnx")).graph
+    assert not any(n.op_type in ("Cos", "Sin") for n in graph.node)
+    rows, width = tiny_sets("specs/llama.fgpt")["n"], TURNED["llama"]["H"] // \
+        TURNED["llama"]["A"]
+    assert {i.name: list(i.dims) for i in graph.initializer if i.name.startswith("rotary/")} \
+        == {"rotary/cos": [rows, width // 2], "rotary/sin": [rows, width // 2]}
+    _steps_as_the_full_recompute(out, target, relative=True)
+
+
 def test_a_window_stays_with_the_standard_attention(tmp_path):
     """A window (Phi-3's Mask^ST) is never GroupQueryAttention's `local_window_size`, whose
     count differs between onnxruntime releases: the standard Attention with its band."""

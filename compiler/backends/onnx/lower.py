@@ -58,6 +58,9 @@ MIN_OPSET = 18
 MAX_OPSET = 25
 SPEC_VALUE = ir.Layout()  # integers as the spec's values
 CONST_LIMIT = 64 * 1024  # bytes: a larger table of indices is a Range, made at run time
+# bytes (float32): rotary tables of every position the incremental form reaches are stored
+# up to this size (131,072 positions of a 128-wide head: 64 MiB), else computed each step
+TABLES_MAX = 256 * 1024 * 1024
 
 
 class Unsupported(Exception):
@@ -873,10 +876,39 @@ class Lowerer:
         the tables given in it."""
         key = ("rotary", r, str(rows), whole)
         if key not in self.shared_tables:
+            longest = self.longest(rows) if whole else None
+            if longest is not None and longest * r.width * 4 <= TABLES_MAX:
+                self.shared_tables[key] = self._constant_tables(r, longest)
+                return self.shared_tables[key]
             first = Poly.const(0) if whole else self.from_past(rows)
             self.shared_tables[key] = self._angle_tables(
                 r, self.scalar_size(first), self.scalar_size(first + rows), dim_text(rows))
         return self.shared_tables[key]
+
+    def longest(self, rows: Poly) -> int | None:
+        """The most positions `rows` reaches where it is the past's length plus the new
+        positions' in the incremental form: the run length's configured value, within
+        which the runtime keeps past + T (None elsewhere)."""
+        if self.generated is None or rows != Poly.sym(PAST) + Poly.sym(self.generated):
+            return None
+        return self.signature["max_length"].get(self.generated)
+
+    def _constant_tables(self, r: Rotary, rows: int) -> tuple[str, str]:
+        """Cosines and sines of positions 0 .. rows - 1 as initializers: what `_angle_tables`
+        computes, angles in float32 alike, the cosines rounded from float64 once. A decoding
+        step then turns its positions by reading rows, not by recomputing every position
+        up to its own."""
+        import numpy as np
+        f32 = np.float32
+        angles = np.arange(rows, dtype=f32)[:, None] * frequencies(r)[None, :]
+        what = f"RoPE's {{}} of positions 0..{rows - 1}: width {r.width}, theta {r.theta:g}" + (
+            f", {r.scaling} scaling {list(r.factors)}" if r.factors else "")
+        tables = tuple(self.g.initializer(f"rotary/{fn.__name__}", fn(angles.astype(
+            np.float64)).astype(f32), what.format(fn.__name__ + "ines"))
+            for fn in (np.cos, np.sin))
+        for t in tables:
+            self.g.info(t, "real", [rows, r.width // 2])
+        return tables
 
     def _angle_tables(self, r: Rotary, first: str, end: str, rows) -> tuple[str, str]:
         """Cosines and sines of positions first .. end - 1 (int64 scalars), float32 angles."""
