@@ -14,8 +14,8 @@ word-level tokenizer beside it: the builder wants one). From that one folder:
 
 Measured in one run, the contenders alternating (each pass gives every contender, in
 rotated order, its own block of warm-up and timed runs), medians reported; a speed-up
-is the median over passes of the ratio within each pass (both contenders ran minutes
-apart at most, while a shared machine's speed drifts between passes):
+is the median over rounds of the ratio within each round (every contender ran once, one
+after the other, within seconds, while a shared machine's speed drifts over minutes):
 
   * decoding: tokens per second of greedy generation of N new ids after a P-id prompt
     (prompt included in the time), at batch 1 and 4; the new ids of all four must agree;
@@ -292,31 +292,45 @@ def make_model(folder: Path):
 
 def alternate(runs: dict, passes: int, warm: int, reps: int
               ) -> tuple[dict[str, float], list[dict[str, float]]]:
-    """Median seconds of each run, and each pass's own medians: `passes` passes, in each
-    every run (rotated order) gets a block of `warm` untimed then `reps` timed calls; a run
-    returning a number of seconds (the genai worker times itself) is taken at its word."""
+    """Median seconds of each run, and each round's own seconds: `passes` passes, in each
+    every run (rotated order) is called `warm` times untimed, then `reps` rounds in which
+    every run (rotated again) is timed once; a run returning a number of seconds (the genai
+    worker times itself) is taken at its word. The runs of a round follow each other within
+    seconds: a shared machine's speed drifts less between them than between blocks of one
+    contender's runs."""
     times: dict[str, list[float]] = {name: [] for name in runs}
-    per_pass: list[dict[str, float]] = []
+    rounds: list[dict[str, float]] = []
     names = list(runs)
     for p in range(passes):
-        this: dict[str, list[float]] = {name: [] for name in runs}
         for name in names[p % len(names):] + names[:p % len(names)]:
             for _ in range(warm):
                 runs[name]()
-            for _ in range(reps):
+        for r in range(reps):
+            k = (p + r) % len(names)
+            this: dict[str, float] = {}
+            for name in names[k:] + names[:k]:
                 t0 = time.perf_counter()
                 own = runs[name]()
-                this[name].append(own if isinstance(own, float) else time.perf_counter() - t0)
-            times[name] += this[name]
-        per_pass.append({name: statistics.median(ts) for name, ts in this.items()})
-    return {name: statistics.median(ts) for name, ts in times.items()}, per_pass
+                this[name] = own if isinstance(own, float) else time.perf_counter() - t0
+                times[name].append(this[name])
+            rounds.append(this)
+    return {name: statistics.median(ts) for name, ts in times.items()}, rounds
 
 
-def paired(per_pass: list[dict[str, float]], a: str, b: str) -> float:
-    """How many times faster `a` runs than `b`: the median over passes of the ratio within
-    each pass, where both ran minutes apart at most (a shared machine's speed drifts more
-    between passes than within one)."""
-    return statistics.median(p[b] / p[a] for p in per_pass)
+def paired(rounds: list[dict[str, float]], a: str, b: str) -> float:
+    """How many times faster `a` runs than `b`: the median over rounds of the ratio within
+    each round, whose runs followed each other within seconds."""
+    return statistics.median(p[b] / p[a] for p in rounds)
+
+
+def spread(rounds: list[dict[str, float]], a: str, b: str) -> tuple[float, float]:
+    """The first and third quartiles of the ratios `paired` takes the median of: how far a
+    round's ratio strays on this machine."""
+    ratios = [p[b] / p[a] for p in rounds]
+    if len(ratios) < 2:  # --quick: one round
+        return ratios[0], ratios[0]
+    q1, _, q3 = statistics.quantiles(ratios, n=4)
+    return q1, q3
 
 
 def mib(n: int) -> str:
@@ -351,7 +365,7 @@ def main() -> None:
     quick, threads = args.quick, args.threads
     new = args.new or (16 if quick else 64)
     # (passes, warm-up calls per block, timed calls per block)
-    decode_plan, prefill_plan = ((1, 0, 1), (1, 1, 2)) if quick else ((5, 1, 2), (3, 1, 3))
+    decode_plan, prefill_plan = ((1, 0, 1), (1, 1, 2)) if quick else ((5, 1, 3), (3, 1, 3))
     emit_reps = 1 if quick else 3
     load_before, started = os.getloadavg()[0], time.perf_counter()
     if load_before > 0.5:
@@ -436,17 +450,18 @@ def main() -> None:
             for run in runs.values():  # the first call of each: warm-up, and the ids
                 run()
             first = dict(last)
-            med, per_pass = alternate(runs, *decode_plan)
+            med, rounds = alternate(runs, *decode_plan)
             same = all(ids == first[HF] for ids in list(first.values()) + list(last.values()))
             if not same:
                 log(f"B={batch}: the new ids differ: " + ", ".join(
                     f"{k} {v[0][:8]}" for k, v in first.items()))
             rate = {k: batch * new / s for k, s in med.items()}
-            speedup = {(a, b): paired(per_pass, a, b) for a in (STD, OPT) for b in (GENAI, HF)}
-            decode_rows.append((batch, rate, speedup, same))
+            speedup = {(a, b): paired(rounds, a, b) for a in (STD, OPT) for b in (GENAI, HF)}
+            quartiles = {a: spread(rounds, a, GENAI) for a in (STD, OPT)}
+            decode_rows.append((batch, rate, speedup, same, quartiles))
             log(f"B={batch}: " + ", ".join(f"{k} {v:.1f} tok/s" for k, v in rate.items())
-                + "; fgc / builder per pass: " + ", ".join(
-                    f"{p[GENAI] / p[STD]:.2f}" for p in per_pass)
+                + "; fgc / builder per round: " + ", ".join(
+                    f"{p[GENAI] / p[STD]:.2f}" for p in rounds)
                 + f"; same ids: {same}")
 
         # -- prefill: one forward pass, every position's logits and the cache
@@ -505,17 +520,22 @@ def main() -> None:
              "after.", "",
              f"Greedy decoding, {new} new ids after a {args.prompt}-id prompt, tokens per "
              f"second (the prompt's prefill included), median of {passes * reps}; each "
-             f"ratio is the median over the {passes} passes of the ratio within a pass:",
+             f"ratio is the median over the {passes * reps} rounds of the ratio within a "
+             "round (each contender once, in rotated order):",
              "",
              "| batch | fgc ONNX | fgc ONNX, `--optimize ort` | model builder + genai | "
              "transformers `generate` | fgc / builder | fgc ort / builder | "
              "fgc / transformers | fgc ort / transformers | same ids |",
              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|"]
-    for batch, r, x, same in decode_rows:
+    for batch, r, x, same, _ in decode_rows:
         lines.append(f"| {batch} | {r[STD]:.1f} | {r[OPT]:.1f} | {r[GENAI]:.1f} | {r[HF]:.1f} "
                      f"| **{x[STD, GENAI]:.2f}×** | **{x[OPT, GENAI]:.2f}×** | "
                      f"**{x[STD, HF]:.2f}×** | **{x[OPT, HF]:.2f}×** | "
                      f"{'yes' if same else 'NO'} |")
+    lines += ["", "The ratios to the builder from round to round, first to third quartile: " +
+              "; ".join(f"batch {batch}: fgc {q[STD][0]:.2f}–{q[STD][1]:.2f}, fgc ort "
+                        f"{q[OPT][0]:.2f}–{q[OPT][1]:.2f}"
+                        for batch, *_, q in decode_rows) + "."]
     passes, _, reps = prefill_plan
     lines += ["", f"Prefill: one forward pass over 1 × {args.prefill} ids, every position's "
               f"logits and the key/value cache, median of {passes * reps}:", "",

@@ -4,8 +4,9 @@ against onnxruntime-genai's model builder `-p int4 -e cpu`, on the same weights.
 The model and its folder are benchmarks/llama_small.py's (a seeded random Llama with
 L=12, H=768, A=12, G=4, F=2048, V=32000, saved with `save_pretrained` beside a word-level
 tokenizer), and so are the setup of onnxruntime-genai (installed with --no-deps into fgc's
-cache folder, run in a subprocess) and the timing (passes in rotated order, medians, a
-ratio as the median over passes of the ratio within a pass). From that one folder:
+cache folder, run in a subprocess) and the timing (rounds of one run each in rotated
+order, medians, a ratio as the median over rounds of the ratio within a round). From that
+one folder:
 
   * fgc float32: `fgc compile specs/llama.fgpt --set ... --weights FOLDER/model.safetensors
     --target onnx --kv-cache`; fgc int4: the same with `--quantize int4`, standard and
@@ -76,7 +77,7 @@ def main() -> None:
     args = ap.parse_args()
     quick, threads = args.quick, args.threads
     new = args.new or (16 if quick else 64)
-    decode_plan = (1, 0, 1) if quick else (5, 1, 2)  # passes, warm-up, timed per block
+    decode_plan = (1, 0, 1) if quick else (5, 1, 2)  # passes, warm-ups, timed rounds
     load_before, started = os.getloadavg()[0], time.perf_counter()
     if load_before > 0.5:
         ls.log(f"warning: 1-minute load average {load_before:.2f}: other processes are "
@@ -155,14 +156,14 @@ def main() -> None:
                 0, ls.SIZES["V"], (batch, args.prompt)).tolist())
             for run in runs.values():
                 run()
-            med, per_pass = ls.alternate(runs, *decode_plan)
+            med, rounds = ls.alternate(runs, *decode_plan)
             rate = {k: batch * new / s for k, s in med.items()}
-            ratio = {k: ls.paired(per_pass, k, GENAI) for k in (Q4, Q4ORT)}
-            speedup = ls.paired(per_pass, Q4, F32)
+            ratio = {k: ls.paired(rounds, k, GENAI) for k in (Q4, Q4ORT)}
+            speedup = ls.paired(rounds, Q4, F32)
             rows.append((batch, rate, ratio, speedup))
             ls.log(f"B={batch}: " + ", ".join(f"{k} {v:.1f} tok/s" for k, v in rate.items())
-                   + "; fgc int4 / builder int4 per pass: " + ", ".join(
-                       f"{p[GENAI] / p[Q4]:.2f}" for p in per_pass))
+                   + "; fgc int4 / builder int4 per round: " + ", ".join(
+                       f"{p[GENAI] / p[Q4]:.2f}" for p in rounds))
         genai.close()
 
     load_after = os.getloadavg()[0]
@@ -177,7 +178,8 @@ def main() -> None:
              f"{load_before:.2f} before the run, {load_after:.2f} after.", "",
              f"Greedy decoding, {new} new ids after a {args.prompt}-id prompt, tokens per "
              f"second (the prefill included), median of {passes * reps}; each ratio is the "
-             f"median over the {passes} passes of the ratio within a pass:", "",
+             f"median over the {passes * reps} rounds of the ratio within a round (each "
+             "contender once, in rotated order):", "",
              "| batch | fgc float32 | fgc int4 | fgc int4, `--optimize ort` | builder int4 "
              "| fgc int4 / fgc float32 | fgc int4 / builder int4 | fgc int4 ort / builder "
              "int4 |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
