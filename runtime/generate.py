@@ -319,8 +319,9 @@ class _Buffers:
             self.values.append(value)
             self.binding.bind_ortvalue_input(c["past"], value)
             self.binding.bind_ortvalue_output(c["present"], value)
+        self.held: dict[str, np.ndarray] = {}  # what is bound, alive while it is
         for name, x in fixed.items():
-            self.binding.bind_cpu_input(name, np.ascontiguousarray(x))
+            self._bind(name, x)
         # the mask of `width` positions of every row, where no row is padded: the first
         # batch * width ones, contiguous
         self.ones = np.ones(batch * room, np.int64)
@@ -336,9 +337,13 @@ class _Buffers:
     def mask(self, width: int) -> np.ndarray:
         return self.ones[:self.batch * width].reshape(self.batch, width)
 
+    def _bind(self, name: str, x: np.ndarray) -> None:
+        self.held[name] = np.ascontiguousarray(x)  # onnxruntime may read the array's memory
+        self.binding.bind_cpu_input(name, self.held[name])
+
     def step(self, feeds: dict, new: int) -> np.ndarray:
         for name, x in feeds.items():
-            self.binding.bind_cpu_input(name, np.ascontiguousarray(x))
+            self._bind(name, x)
         one = new == 1 and self.one is not None
         if one and not self.bound_one:
             self.binding.bind_ortvalue_output(self.logits, self.one_value)
