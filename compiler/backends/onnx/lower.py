@@ -898,14 +898,12 @@ class Lowerer:
         computes, angles in float32 alike, the cosines rounded from float64 once. A decoding
         step then turns its positions by reading rows, not by recomputing every position
         up to its own."""
-        import numpy as np
         f32 = np.float32
         angles = np.arange(rows, dtype=f32)[:, None] * frequencies(r)[None, :]
-        what = f"RoPE's {{}} of positions 0..{rows - 1}: width {r.width}, theta {r.theta:g}" + (
-            f", {r.scaling} scaling {list(r.factors)}" if r.factors else "")
-        tables = tuple(self.g.initializer(f"rotary/{fn.__name__}", fn(angles.astype(
-            np.float64)).astype(f32), what.format(fn.__name__ + "ines"))
-            for fn in (np.cos, np.sin))
+        tables = tuple(self.g.initializer(
+            f"rotary/{name}", fn(angles.astype(np.float64)).astype(f32),
+            f"RoPE's {name}ines of positions 0..{rows - 1}: {_rotation_text(r)}")
+            for name, fn in (("cos", np.cos), ("sin", np.sin)))
         for t in tables:
             self.g.info(t, "real", [rows, r.width // 2])
         return tables
@@ -919,8 +917,7 @@ class Lowerer:
             "Cast", [positions], f"{label}/positions", to=self.g.types["float32"]),
             self.g.ints([1])], f"{label}/positions")
         if ("frequencies", r) not in self.shared_tables:
-            what = f"RoPE's frequencies: width {r.width}, theta {r.theta:g}" + (
-                f", {r.scaling} scaling {list(r.factors)}" if r.factors else "")
+            what = f"RoPE's frequencies: {_rotation_text(r)}"
             self.shared_tables[("frequencies", r)] = self.g.initializer(
                 f"{label}/frequencies", frequencies(r), what, convert=False)
         angles = self.g.op("Mul", [positions, self.shared_tables[("frequencies", r)]],
@@ -2090,6 +2087,12 @@ def _heads_attention(lw: Lowerer, q: V, k: V, v: V, bias: str | None, causal: bo
             **({"packed": outs[0]} if flat else {"name": outs[0]}))
     lw.info(outs[0], res, packed=flat)
     return res
+
+
+def _rotation_text(r: Rotary) -> str:
+    """A rotation as its tables' descriptions name it."""
+    return f"width {r.width}, theta {r.theta:g}" + (
+        f", {r.scaling} scaling {list(r.factors)}" if r.factors else "")
 
 
 def _ort_group_attention(lw: Lowerer, q: V, k: V, v: V, scale: float | None,
