@@ -337,6 +337,43 @@ def test_a_step_takes_the_mask_of_the_past_and_the_new_positions(decoder, tmp_pa
     assert float((got[kept] - whole[kept]).abs().max()) <= TOL
 
 
+
+def test_the_standard_cached_attention_is_causal_from_the_past_on(decoder):
+    """The standard graph's cached attention is ONNX's Attention with `is_causal`, which
+    aligns the causal mask to the end of its past keys (query i sees the keys up to past
+    + i): no causal table is made (Mistral's window keeps its band). Several new positions
+    after a padded past give what the whole pass gives at every token."""
+    import onnx
+    spec, _, out = decoder
+    path = str(out["onnx"] / "model.onnx")
+    graph = onnx.load(path, load_external_data=False).graph
+    attention = [n for n in graph.node if n.op_type == "Attention" and not n.domain]
+    causal = [next((a.i for a in n.attribute if a.name == "is_causal"), 0) for n in attention]
+    windowed = spec == "mistral"
+    assert attention and causal == [0 if windowed else 1] * len(attention), spec
+    assert any("Mask^AR" in n.name for n in graph.node) is False
+    assert all(len(n.input) == 6 and n.input[4].startswith("past.") for n in attention)
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    ids, mask = (x.numpy() for x in _batch(100, right=False, seed=5))
+    cache = [(i.name, i.name.replace("past.", "present.", 1))
+             for i in session.get_inputs() if i.name.startswith("past.")]
+    names = ["logits"] + [present for _, present in cache]
+
+    def run(x, m, past):
+        return session.run(names, {"x": x, "attention_mask": m, **past})
+
+    empty = {name: np.zeros([len(LENGTHS) if d == "batch" else 0 if isinstance(d, str)
+                             else d for d in i.shape], np.float32)
+             for name, i in ((i.name, i) for i in session.get_inputs())
+             if name.startswith("past.")}
+    whole = run(ids, mask, empty)[0]
+    first, *presents = run(ids[:, :3], mask[:, :3], empty)
+    rest = run(ids[:, 3:], mask, {past: v for (past, _), v in zip(cache, presents)})[0]
+    got = np.concatenate([first, rest], 1)
+    kept = mask.astype(bool)
+    assert float(np.abs(got[kept] - whole[kept]).max()) <= TOL, spec
+
+
 # ---------------------------------------------------------------- errors
 
 

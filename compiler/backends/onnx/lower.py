@@ -583,7 +583,11 @@ class Lowerer:
         axes += [len(roles) + k for k in range(rank - len(v.own))]
         if not axes:
             return v.name
-        return self.g.op("Unsqueeze", [v.name, self.g.ints(axes)], f"{v.name}/align")
+        key = ("align", v.name, tuple(axes))  # a mask every layer reads: made once
+        if key not in self.shared_tables:
+            self.shared_tables[key] = self.g.op("Unsqueeze", [v.name, self.g.ints(axes)],
+                                                f"{v.name}/align")
+        return self.shared_tables[key]
 
     def math(self, v: V) -> str:
         """An integer's spec value (stored + offset)."""
@@ -1993,20 +1997,25 @@ def _attention(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
     if kind is not None and kind.window:  # a band of the keys, aligned to their end
         mask = lw.causal_table(q.own[0], k.own[0], f"{callee.path}/Mask^ST", window=mask.lazy)
         kind = None
-    if kind is not None and kind.causal and (kind.bias or cached or padding is not None):
+    # ONNX's Attention (opset 23) given the past keys as inputs aligns `is_causal` to the
+    # keys' end (query i sees the keys up to past + i), padding or not: no table is made
+    # where the cached attention will be that node (_heads_attention below)
+    aligned = cached and lw.opset >= 23 and kind is not None and kind.causal and \
+        not kind.bias and (grouped or _one_family(lw, q, k, v)) and \
+        k.kind == "cache" and v.kind == "cache"
+    if kind is not None and kind.causal and not aligned and \
+            (kind.bias or cached or padding is not None):
         # the causal part as a tensor aligned to the keys' end, plus the bias: one mask
         table = lw.causal_table(q.own[0], k.own[0], f"{callee.path}/Mask^AR")
         mask = lw.plus_bias(mask, table, f"{callee.path}/mask") if kind.bias else table
         kind = None
-    if padding is not None:  # what is left by meaning is none, or a bias alone
-        mask = padding if kind is not None and not kind.bias else \
-            _plus_padding(lw, q, k, mask, padding, callee.path)
-        kind = None
     causal = kind is not None and kind.causal
     if kind is not None:
         mask = None  # attention runs it as is_causal, or without a mask
-    fused = grouped or q.fam is not None and q.fam is k.fam is v.fam and \
-        q.roles == (lw.batch, q.fam) and k.roles == q.roles and v.roles == q.roles
+    if padding is not None:  # the keys' padding joins what is left as a tensor, if any
+        mask = padding if mask is None else _plus_padding(lw, q, k, mask, padding,
+                                                          callee.path)
+    fused = grouped or _one_family(lw, q, k, v)
     bias = None
     if fused and mask is not None:
         m = lw.as_real(lw.canonical(mask))
@@ -2042,6 +2051,13 @@ def _attention(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
     res = V("real", q.roles, out_own, packed=out, fam=q.fam)
     lw.info(out, res, packed=True)
     return [res]
+
+
+def _one_family(lw: Lowerer, q: V, k: V, v: V) -> bool:
+    """Whether the queries, keys and values are the members of one family, (batch,
+    heads), as ONNX's attention ops take them."""
+    return q.fam is not None and q.fam is k.fam is v.fam and \
+        q.roles == (lw.batch, q.fam) and k.roles == q.roles and v.roles == q.roles
 
 
 def _plus_padding(lw: Lowerer, q: V, k: V, mask: V, padding: V, path: str) -> V:
