@@ -243,11 +243,13 @@ class _OnnxRunner:
         checked = self.model.check({**fixed, self.tokens: ids, **padded})
         self.buffers = None
         self.fixed_checked = {k: checked[k] for k in self.others}
-        if self.cached and self.inc.get("share_buffer") and self.pad is not None and room:
-            self.buffers = _Buffers(self.model, self.inc["cache"], ids.shape[0], room,
-                                    self.logits_name, self.fixed_checked)
         # no past yet (the prefill form): the checked feeds hold it empty
         self.empty = {c["past"]: checked[c["past"]] for c in (self.inc or {}).get("cache", [])}
+        if self.cached and room:
+            shared = bool(self.inc.get("share_buffer")) and self.pad is not None
+            self.buffers = _Buffers(self.model, self.inc["cache"], ids.shape[0], room,
+                                    self.logits_name, self.fixed_checked,
+                                    None if shared else self.empty)
         if not self.cached:
             self.prefix = checked[self.tokens]
             return self._full(mask)
@@ -282,7 +284,8 @@ class _OnnxRunner:
     def _step(self, ids: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
         if self.buffers is not None:
             width = self.buffers.length + ids.shape[1]
-            padding = {self.pad: mask if mask is not None else self.buffers.mask(width)}
+            padding = {} if self.pad is None else \
+                {self.pad: mask if mask is not None else self.buffers.mask(width)}
             return self.buffers.step({**padding, self.tokens: ids}, ids.shape[1])
         cache = self.inc["cache"]
         names = [self.logits_name] + [c["present"] for c in cache]
@@ -295,30 +298,42 @@ class _OnnxRunner:
 
 
 class _Buffers:
-    """A graph's past and present in one buffer per tensor, as long as the run may grow
-    (GroupQueryAttention's past_present_share_buffer, where the signature says every cached
-    attention takes it: `share_buffer`): bound once through onnxruntime's IO binding, each
-    step writes its keys and values in place, and nothing is concatenated or copied. The
-    inputs that do not change (the model's other inputs) are bound once; a one-token step
-    writes its logits into one buffer bound once too, and reads the padding mask of a batch
-    without padding from a buffer of ones."""
+    """A run's steps through onnxruntime's IO binding. The inputs that do not change (the
+    model's other inputs) are bound once; a one-token step writes its logits into one
+    buffer bound once too, and reads the padding mask of a batch without padding from a
+    buffer of ones. The cache stays onnxruntime's own:
+
+    * shared (GroupQueryAttention's past_present_share_buffer, where the signature says
+      every cached attention takes it: `share_buffer`): one buffer per past and present
+      tensor, as long as the run may grow, bound once as both; each step writes its keys
+      and values in place, and nothing is concatenated or copied;
+    * otherwise (`empty`: the pasts of the prefill form) each step's presents are the next
+      step's pasts as onnxruntime gave them, never turned into numpy arrays."""
 
     def __init__(self, model: Model, cache: list[dict], batch: int, room: int, logits: str,
-                 fixed: dict):
+                 fixed: dict, empty: dict | None = None):
         import onnxruntime as ort
         self.session = model.session
         self.logits = logits
-        self.length = 0  # positions the buffers hold
+        self.length = 0  # positions the cache holds
         self.binding = self.session.io_binding()
         real = model.real
+        self.cache = cache
+        self.shared = empty is None
         self.values = []
         for c in cache:
-            dims = [batch if d == "batch" else room if isinstance(d, str) else d
-                    for d in c["dims"]]
-            value = ort.OrtValue.ortvalue_from_numpy(np.zeros(dims, real))
+            if self.shared:
+                dims = [batch if d == "batch" else room if isinstance(d, str) else d
+                        for d in c["dims"]]
+                value = ort.OrtValue.ortvalue_from_numpy(np.zeros(dims, real))
+            else:
+                value = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(empty[c["past"]]))
             self.values.append(value)
             self.binding.bind_ortvalue_input(c["past"], value)
-            self.binding.bind_ortvalue_output(c["present"], value)
+            if self.shared:
+                self.binding.bind_ortvalue_output(c["present"], value)
+            else:  # (bound first: the outputs come back in the order first bound)
+                self.binding.bind_output(c["present"])
         self.held: dict[str, np.ndarray] = {}  # what is bound, alive while it is
         for name, x in fixed.items():
             self._bind(name, x)
@@ -344,6 +359,10 @@ class _Buffers:
     def step(self, feeds: dict, new: int) -> np.ndarray:
         for name, x in feeds.items():
             self._bind(name, x)
+        if not self.shared and self.length:  # the last step's presents: this one's pasts
+            for c, value in zip(self.cache, self.values):
+                self.binding.bind_ortvalue_input(c["past"], value)
+                self.binding.bind_output(c["present"])  # onnxruntime allocates it anew
         one = new == 1 and self.one is not None
         if one and not self.bound_one:
             self.binding.bind_ortvalue_output(self.logits, self.one_value)
@@ -355,10 +374,15 @@ class _Buffers:
         except Exception as e:  # noqa: BLE001
             raise RuntimeError_(f"onnxruntime failed: {str(e)[:300]}") from None
         self.length += new
+        outputs = None
+        if not self.shared:
+            outputs = self.binding.get_outputs()
+            self.values = list(outputs[:len(self.cache)])
         if one:
             return self.one[:, -1]  # read before the next step writes it
-        logits = self.binding.get_outputs()[len(self.values)]
-        return logits.numpy()[:, -1]
+        if outputs is None:
+            outputs = self.binding.get_outputs()
+        return outputs[len(self.cache)].numpy()[:, -1]
 
 
 class _TorchRunner:
