@@ -229,7 +229,6 @@ class _OnnxRunner:
             "logits" if "logits" in outs else None  # a graph fgc did not write
         if self.logits_name is None:
             raise RuntimeError_("the model has no `logits` output to pick tokens from")
-        self.past: dict = {}
         self.prefix: np.ndarray | None = None
 
     def fixed(self, given: dict) -> dict:
@@ -241,19 +240,16 @@ class _OnnxRunner:
         shares its past and present buffers gets buffers that long)."""
         padded = {self.pad: mask} if mask is not None else {}
         checked = self.model.check({**fixed, self.tokens: ids, **padded})
-        self.buffers = None
         self.fixed_checked = {k: checked[k] for k in self.others}
         # no past yet (the prefill form): the checked feeds hold it empty
         self.empty = {c["past"]: checked[c["past"]] for c in (self.inc or {}).get("cache", [])}
-        if self.cached and room:
-            shared = bool(self.inc.get("share_buffer")) and self.pad is not None
-            self.buffers = _Buffers(self.model, self.inc["cache"], ids.shape[0], room,
-                                    self.logits_name, self.fixed_checked,
-                                    None if shared else self.empty)
         if not self.cached:
             self.prefix = checked[self.tokens]
             return self._full(mask)
-        self.past = self.empty
+        shared = bool(self.inc.get("share_buffer")) and self.pad is not None
+        self.buffers = _Buffers(self.model, self.inc["cache"], ids.shape[0], room,
+                                self.logits_name, self.fixed_checked,
+                                None if shared else self.empty)
         return self._step(checked[self.tokens], mask)
 
     def next(self, ids: np.ndarray, fixed: dict, mask: np.ndarray | None = None
@@ -282,19 +278,10 @@ class _OnnxRunner:
         return logits[:, -1]
 
     def _step(self, ids: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
-        if self.buffers is not None:
-            width = self.buffers.length + ids.shape[1]
-            padding = {} if self.pad is None else \
-                {self.pad: mask if mask is not None else self.buffers.mask(width)}
-            return self.buffers.step({**padding, self.tokens: ids}, ids.shape[1])
-        cache = self.inc["cache"]
-        names = [self.logits_name] + [c["present"] for c in cache]
-        past = next(iter(self.past.values())).shape[-2] if self.past else 0
-        padding = self._padding(mask, ids.shape[0], past + ids.shape[1])
-        values = self._run(names, {**self.fixed_checked, **padding, self.tokens: ids,
-                                   **self.past})
-        self.past = {c["past"]: v for c, v in zip(cache, values[1:])}
-        return values[0][:, -1]
+        width = self.buffers.length + ids.shape[1]
+        padding = {} if self.pad is None else \
+            {self.pad: mask if mask is not None else self.buffers.mask(width)}
+        return self.buffers.step({**padding, self.tokens: ids}, ids.shape[1])
 
 
 class _Buffers:
