@@ -14,7 +14,7 @@ cache holds the G key/value heads.
 from __future__ import annotations
 
 import pytest
-from conftest import peaked_weights, set_args
+from conftest import fgc, peaked_weights, set_args
 from hf_parity import (
     assert_greedy,
     assert_preset_count,
@@ -140,6 +140,34 @@ def test_probabilities_equal_transformers(compiled):
 def test_greedy_generation_equals_transformers(compiled):
     case, ref, out = compiled
     assert_greedy(ref, out, V=case[5], new=12)  # past Mistral's window
+
+
+def test_a_grouped_product_is_one_only_where_the_attention_takes_it_whole(tmp_path):
+    """Under --optimize ort, GroupQueryAttention takes the query, key and value
+    projections as one product by W_Q | W_K | W_V; every other grouped product (the
+    standard graph's projections, SwiGLU's gate and up everywhere) is made apart, each by
+    its own weights: no graph copies a product into its parts (lowering/products.py). The
+    numbers are the parity tests'."""
+    onnx = pytest.importorskip("onnx")
+    sets = _sets("llama", 32, 2, 1, 24, 50, 16, 10000.0, None, False)  # heads of 16
+    for extra in ([], ["--kv-cache"], ["--optimize", "ort"], ["--optimize", "ort", "--kv-cache"]):
+        out = tmp_path / "-".join(["graph", *extra])
+        r = fgc("compile", "specs/llama.fgpt", *sets, "--target", "onnx", *extra, "-o",
+                str(out))
+        assert r.returncode == 0, r.stderr
+        graph = onnx.load(str(out / "model.onnx")).graph
+        assert not any(n.op_type == "Split" for n in graph.node)
+        made = {o: n for n in graph.node for o in n.output}
+        weights = {n.input[1] for n in graph.node if n.op_type == "MatMul"}
+        assert {"layer1/mlp/W_gate", "layer1/mlp/W_up", "layer2/mlp/W_down"} <= weights
+        attention = [n for n in graph.node if n.op_type == "GroupQueryAttention"]
+        whole = "ort" in extra  # (multi-query: GroupQueryAttention with or without one)
+        assert len(attention) == (2 if whole else 0)
+        for n in attention:
+            assert made[n.input[0]].input[1].endswith("/attn/W_Q+W_K+W_V")
+            assert n.input[1] == n.input[2] == ""
+        if not whole:
+            assert {"layer1/attn/W_Q", "layer1/attn/W_K", "layer1/attn/W_V"} <= weights
 
 
 def test_the_cache_of_grouped_query_attention(compiled):

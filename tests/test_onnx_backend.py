@@ -129,12 +129,13 @@ def test_names_trace_to_the_spec(compiled):
     model = onnx.load(str(compiled("specs/gpt2.fgpt") / "model.onnx"))
     g = model.graph
     inits = {t.name for t in g.initializer}
-    # the query, key and value projections of one input are one product by their weights
-    # side by side (lowering/products.py), named by all three
-    assert {"W_e", "W_p", "layer1/attn/W_Q+W_K+W_V", "layer2/attn/W_O", "layer2/mlp/W_1",
-            "layer1/ln_1/gamma", "ln_f/beta"} <= inits
-    docs = {t.name: t.doc_string for t in g.initializer}
-    assert docs["layer1/attn/W_Q+W_K+W_V"] == "W_Q, W_K, W_V side by side: one product"
+    # the query, key and value projections: the attention takes them apart, each a
+    # product by its own weights (lowering/products.py), stored as the matrix it takes
+    assert {"W_e", "W_p", "layer1/attn/W_Q", "layer1/attn/W_K", "layer2/attn/W_O",
+            "layer2/mlp/W_1", "layer1/ln_1/gamma", "ln_f/beta"} <= inits
+    w_q = next(t for t in g.initializer if t.name == "layer1/attn/W_Q")
+    assert w_q.doc_string.startswith("W_i^Q: R[H, D] for each of ")
+    assert w_q.doc_string.endswith(f", stored ({w_q.dims[0]}, {w_q.dims[1]})")
     assert [i.name for i in g.input] == ["x", "attention_mask"]
     assert [o.name for o in g.output] == ["GPT", "logits"]
     docs = [n.doc_string for n in g.node if n.name.startswith("layer1/attn")]

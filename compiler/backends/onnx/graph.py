@@ -138,6 +138,31 @@ class Graph:
         if node.domain:
             self.domains.add(node.domain)
 
+    def take(self, make, *args) -> tuple[str, list[Node]]:
+        """The tensor `make(*args)` returns and the nodes it added, taken out of the graph
+        to be put elsewhere (`splice`)."""
+        mark = len(self.nodes)
+        out = make(*args)
+        made = self.nodes[mark:]
+        del self.nodes[mark:]
+        return out, made
+
+    def splice(self, at: dict[int, list[Node]], renamed: dict[str, str]) -> None:
+        """Each list of nodes in place of the node at its index (an empty one drops the
+        node), and each tensor of `renamed` read under its new name."""
+        nodes: list[Node | None] = []
+        for k, n in enumerate(self.nodes):
+            nodes.extend(at.get(k, [n]))
+        for n in nodes:
+            if n is not None:
+                n.inputs = [renamed.get(t, t) for t in n.inputs]
+        self.nodes = nodes
+        self.producer = {o: k for k, n in enumerate(nodes) if n is not None
+                         for o in n.outputs if o}
+        for old, new in renamed.items():
+            if old in self.value_info:
+                self.value_info[new] = self.value_info.pop(old)
+
     # -- initializers and constants
     def initializer(self, name: str, array: np.ndarray, doc: str = "",
                     convert: bool = True) -> str:

@@ -108,6 +108,18 @@ def dim_text(p: Poly) -> int | str:
     return _int(p) if p.is_const() else format_poly(p)
 
 
+@dataclass(eq=False)
+class Join:
+    """A grouped product as `_join` made it: one MatMul by the weights side by side, then a
+    Split; `settle_products` keeps it or makes the products apart."""
+    product: Node
+    split: Node
+    x: str  # the operand
+    weights: str  # the joined initializer
+    label: str
+    parts: list[tuple[str, object, str]]  # per product: its initializer, as a matrix, label
+
+
 class Scope:
     def __init__(self, fn: ir.Function | None, env: dict, penv: dict, path: str,
                  layer: int | None, numeric: dict):
@@ -176,6 +188,7 @@ class Lowerer:
         # rotation): a GroupQueryAttention reading both q and k so turns them itself
         self.turned: dict[str, tuple[str, Rotary]] = {}
         self.groups: dict[str, dict] = {}  # module -> its grouped products (lowering.products)
+        self.joins: list[Join] = []  # as `_join` made them, settled at the end
         # Pad inputs (passes/padding.py): the attentions over their positions mask padded
         # keys, and tables along them are read at the tokens' positions
         self.padding = padding.derive(cfg.model, cfg.functions)
@@ -547,10 +560,13 @@ class Lowerer:
                                f"{', '.join(names)} side by side: one product")
         self.weight_inits.add(w)
         label = f"{scope.path}/{'+'.join(names)}"
-        prod = self.weight_product(self.canonical(x).name, w, label) or \
-            self.g.op("MatMul", [self.canonical(x).name, w], label)
+        operand = self.canonical(x).name
+        prod = self.g.op("MatMul", [operand, w], label)  # (quantized when settled)
         outs = self.g.node("Split", [prod, self.g.ints([p.shape[1] for p in parts])],
                            f"{prod}/split", len(group), axis=-1)
+        self.joins.append(Join(self.g.producer_of(prod), self.g.producer_of(outs[0]), operand,
+                               w, label, [(t, part, f"{scope.path}/{name}/proj")
+                                          for t, part, name in zip(tensors, parts, names)]))
         made = {}
         for m, wv, t, out in zip(group, ws, tensors, outs):
             own = self.own(m.outs[0].type, scope)
@@ -563,6 +579,65 @@ class Lowerer:
                 self.info(out, v, packed=True)
             made[m.outs[0].name] = v
         return made
+
+    def settle_products(self, outputs: set[str]) -> None:
+        """Each grouped product as the graph reads it: one MatMul by the weights side by
+        side where a node takes the whole (GroupQueryAttention's packed Q | K | V); where
+        only its Split does, the products apart, each by its own weights, in the Split's
+        place. Either way each weight is read once; apart, nothing copies the product into
+        its parts (lowering/products.py)."""
+        read: dict[str, int] = {}
+        for n in self.g.nodes:
+            for t in n.inputs if n is not None else ():
+                read[t] = read.get(t, 0) + 1
+        for t in outputs:
+            read[t] = read.get(t, 0) + 1
+        index = {id(n): k for k, n in enumerate(self.g.nodes) if n is not None}
+        at: dict[int, list[Node]] = {}
+        renamed: dict[str, str] = {}
+        doc = self.g.doc
+        for j in self.joins:
+            kp, ks = index.get(id(j.product)), index.get(id(j.split))
+            if kp is None:
+                continue
+            self.g.doc = j.product.doc  # the products' spec line
+            whole = j.product.outputs[0]
+            if ks is not None and read.get(whole) == 1:
+                at[kp], at[ks] = [], []
+                for out, (t, part, label) in zip(j.split.outputs, j.parts):
+                    if not read.get(out):
+                        continue
+                    w = self._matrix(t, part, read)
+                    tensor, made = self.g.take(self._product, j.x, w, label)
+                    if out in outputs:  # a graph output keeps its name
+                        made[-1].outputs = [out]
+                    else:
+                        renamed[out] = tensor
+                    at[ks] += made
+            elif self.quantizer is not None:
+                tensor, made = self.g.take(self._product, j.x, j.weights, j.label)
+                made[-1].outputs = [whole]
+                at[kp] = made
+        self.g.doc = doc
+        self.g.splice(at, renamed)
+
+    def _product(self, x: str, w: str, label: str) -> str:
+        return self.weight_product(x, w, label) or self.g.op("MatMul", [x, w], label)
+
+    def _matrix(self, t: str, part, read: dict[str, int]) -> str:
+        """A grouped product's weight as the (K, N) matrix a product apart takes: the
+        parameter's initializer, itself stored so where no node reads its other layout."""
+        if self.g.initializers[t].ndim == 2:
+            return t
+        if not read.get(t):
+            self.g.initializers[t] = part
+            doc = self.g.init_doc.get(t, "")
+            if ", stored (" in doc:
+                self.g.init_doc[t] = f"{doc.rsplit(', stored (', 1)[0]}, stored {part.shape}"
+            return t
+        name = self.g.initializer(f"{t}/matrix", part, f"{t} as one {part.shape} matrix")
+        self.weight_inits.add(name)
+        return name
 
     # ---------------------------------------------------------------- alignment
     def merge_roles(self, *vals: V) -> tuple[Role, ...]:
@@ -748,6 +823,7 @@ class Lowerer:
                 # every cached attention takes a past of the longest length, its present
                 # the same buffer: the runtime may bind one buffer per tensor (IO binding)
                 self.signature["incremental"]["share_buffer"] = True
+        self.settle_products({n for n, _, _ in graph_outputs})
         meta = self.metadata(m)
         if self.quantizer is not None:
             if not self.quantizer.made:
@@ -906,8 +982,8 @@ class Lowerer:
         angles = np.arange(rows, dtype=f32)[:, None] * frequencies(r)[None, :]
         tables = tuple(self.g.initializer(
             f"rotary/{name}", fn(angles.astype(np.float64)).astype(f32),
-            f"RoPE's {name}ines of positions 0..{rows - 1}: {_rotation_text(r)}")
-            for name, fn in (("cos", np.cos), ("sin", np.sin)))
+            f"RoPE's {what} of positions 0..{rows - 1}: {_rotation_text(r)}")
+            for name, what, fn in (("cos", "cosines", np.cos), ("sin", "sines", np.sin)))
         for t in tables:
             self.g.info(t, "real", [rows, r.width // 2])
         return tables
