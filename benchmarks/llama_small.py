@@ -15,7 +15,11 @@ word-level tokenizer beside it: the builder wants one). From that one folder:
 Measured in one run, the contenders alternating (each pass gives every contender, in
 rotated order, its own block of warm-up and timed runs), medians reported; a speed-up
 is the median over rounds of the ratio within each round (every contender ran once, one
-after the other, within seconds, while a shared machine's speed drifts over minutes):
+after the other, within seconds, while a shared machine's speed drifts over minutes).
+Decoding, fgc's two graphs and the builder's each run in a worker process of their own,
+new ones for every pass: a process keeps one speed for its life, and the same graph runs
+a few per cent faster or slower in another process (where its memory lies), so each
+contender is measured in as many processes as there are passes:
 
   * decoding: tokens per second of greedy generation of N new ids after a P-id prompt
     (prompt included in the time), at batch 1 and 4; the new ids of all four must agree;
@@ -161,24 +165,35 @@ def genai_worker(folder: str, threads: int) -> None:
         reply({"s": time.perf_counter() - t0, "ids": out})
 
 
-class Genai:
-    """The genai worker seen from here: `ask({"op": "decode" | "prefill", ...})`."""
+def fgc_worker(folder: str, threads: int) -> None:
+    """The subprocess that decodes with one of fgc's graphs (`runtime.load`,
+    `runtime.generate`), in the genai worker's protocol; times taken here."""
+    from runtime import generate, load
 
-    def __init__(self, site: Path, folder: Path, threads: int):
+    model = load(folder, provider="cpu", threads=threads, cache=False, quiet=True)
+    print(REPLY + json.dumps({"provider": model.provider}), flush=True)
+    for line in sys.stdin:
+        req = json.loads(line)
+        t0 = time.perf_counter()
+        out = generate(model, req["ids"], req["new"])
+        print(REPLY + json.dumps({"s": time.perf_counter() - t0, "ids": out}), flush=True)
+
+
+class Worker:
+    """A worker process seen from here: `ask(request)` answers its reply."""
+
+    def __init__(self, flag: str, folder: Path, threads: int, env: dict | None = None):
         self.proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), "--genai-worker", str(folder),
+            [sys.executable, str(Path(__file__).resolve()), flag, str(folder),
              "--threads", str(threads)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            text=True, env=genai_env(site), cwd=str(ROOT))
+            text=True, env=env, cwd=str(ROOT))
         self.hello = self._read()
-        if not self.hello["onnxruntime"].startswith(sys.prefix):
-            raise SystemExit(f"genai imported onnxruntime from {self.hello['onnxruntime']}, "
-                             f"not from this environment ({sys.prefix})")
 
     def _read(self) -> dict:
         for line in self.proc.stdout:
             if line.startswith(REPLY):
                 return json.loads(line[len(REPLY):])
-        raise SystemExit(f"the onnxruntime-genai worker stopped (exit {self.proc.wait()})")
+        raise SystemExit(f"a worker stopped (exit {self.proc.wait()}): {self.proc.args}")
 
     def ask(self, req: dict) -> dict:
         self.proc.stdin.write(json.dumps(req) + "\n")
@@ -188,6 +203,16 @@ class Genai:
     def close(self) -> None:
         self.proc.stdin.close()
         self.proc.wait()
+
+
+class Genai(Worker):
+    """The genai worker: `ask({"op": "decode" | "prefill", ...})`."""
+
+    def __init__(self, site: Path, folder: Path, threads: int):
+        super().__init__("--genai-worker", folder, threads, genai_env(site))
+        if not self.hello["onnxruntime"].startswith(sys.prefix):
+            raise SystemExit(f"genai imported onnxruntime from {self.hello['onnxruntime']}, "
+                             f"not from this environment ({sys.prefix})")
 
 
 # ---------------------------------------------------------------- emitting, as processes
@@ -290,18 +315,21 @@ def make_model(folder: Path):
 # ---------------------------------------------------------------- timing
 
 
-def alternate(runs: dict, passes: int, warm: int, reps: int
+def alternate(runs: dict, passes: int, warm: int, reps: int, fresh=None
               ) -> tuple[dict[str, float], list[dict[str, float]]]:
     """Median seconds of each run, and each round's own seconds: `passes` passes, in each
     every run (rotated order) is called `warm` times untimed, then `reps` rounds in which
-    every run (rotated again) is timed once; a run returning a number of seconds (the genai
-    worker times itself) is taken at its word. The runs of a round follow each other within
+    every run (rotated again) is timed once; a run returning a number of seconds (a worker
+    times itself) is taken at its word. The runs of a round follow each other within
     seconds: a shared machine's speed drifts less between them than between blocks of one
-    contender's runs."""
+    contender's runs. `fresh()`, where given, is called before each pass but the first
+    (new worker processes)."""
     times: dict[str, list[float]] = {name: [] for name in runs}
     rounds: list[dict[str, float]] = []
     names = list(runs)
     for p in range(passes):
+        if fresh is not None and p:
+            fresh()
         for name in names[p % len(names):] + names[:p % len(names)]:
             for _ in range(warm):
                 runs[name]()
@@ -359,9 +387,12 @@ def decoding_arguments(doc: str, mark: str) -> argparse.ArgumentParser:
 def main() -> None:
     ap = decoding_arguments(__doc__, MARK)
     ap.add_argument("--genai-worker", help=argparse.SUPPRESS)
+    ap.add_argument("--fgc-worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.genai_worker:
         return genai_worker(args.genai_worker, args.threads)
+    if args.fgc_worker:
+        return fgc_worker(args.fgc_worker, args.threads)
     quick, threads = args.quick, args.threads
     new = args.new or (16 if quick else 64)
     # (passes, warm-up calls per block, timed calls per block)
@@ -379,7 +410,7 @@ def main() -> None:
     import transformers
     from readme import cpu_name, publish
 
-    from runtime import generate, load
+    from runtime import load
 
     torch.set_num_threads(threads)
     with tempfile.TemporaryDirectory(prefix="fgc-llama-small-") as tmp_name:
@@ -414,6 +445,17 @@ def main() -> None:
         genai = Genai(site, outs[GENAI], threads)
         log(f"genai {genai.hello['version']} runs onnxruntime's library "
             f"{genai.hello['library']}")
+        # decoding: each of fgc's graphs and the builder's in a worker process of its own,
+        # new ones for every pass; a process keeps its speed for its life, which differs
+        # from process to process (where its memory lies) by a few per cent
+        workers: dict[str, Worker] = {GENAI: genai}
+
+        def fresh() -> None:
+            for w in workers.values():
+                w.close()
+            workers.update({name: Worker("--fgc-worker", outs[name], threads)
+                            for name in (STD, OPT)})
+            workers[GENAI] = Genai(site, outs[GENAI], threads)
 
         def hf_generate(x: np.ndarray, n: int) -> list[list[int]]:
             ids = torch.from_numpy(x)
@@ -427,30 +469,29 @@ def main() -> None:
             """The four decoders on the prompts `x`, each keeping its new ids in `last`."""
             prompts = x.tolist()
 
-            def fgc_run(name):
+            def worker_run(name):
                 def run():
-                    last[name] = generate(fgc[name], prompts, new)
+                    reply = workers[name].ask({"op": "decode", "ids": prompts, "new": new})
+                    last[name] = reply["ids"]
+                    return reply["s"]
                 return run
-
-            def genai_run():
-                reply = genai.ask({"op": "decode", "ids": prompts, "new": new})
-                last[GENAI] = reply["ids"]
-                return reply["s"]
 
             def hf_run():
                 last[HF] = hf_generate(x, new)
 
-            return {STD: fgc_run(STD), OPT: fgc_run(OPT), GENAI: genai_run, HF: hf_run}
+            return {STD: worker_run(STD), OPT: worker_run(OPT), GENAI: worker_run(GENAI),
+                    HF: hf_run}
 
         decode_rows = []
         for batch in args.batches:
             x = np.random.default_rng(batch).integers(0, SIZES["V"], (batch, args.prompt))
             last: dict[str, list] = {}
             runs = decode_runs(x, last)
+            fresh()
             for run in runs.values():  # the first call of each: warm-up, and the ids
                 run()
             first = dict(last)
-            med, rounds = alternate(runs, *decode_plan)
+            med, rounds = alternate(runs, *decode_plan, fresh=fresh)
             same = all(ids == first[HF] for ids in list(first.values()) + list(last.values()))
             if not same:
                 log(f"B={batch}: the new ids differ: " + ", ".join(
@@ -486,7 +527,8 @@ def main() -> None:
         saved = tmp / "genai-logits.npy"
 
         def genai_prefill():
-            seconds = genai.ask({"op": "prefill", "ids": x.tolist(), "save": str(saved)})["s"]
+            seconds = workers[GENAI].ask({"op": "prefill", "ids": x.tolist(),
+                                          "save": str(saved)})["s"]
             lastlog[GENAI] = np.load(saved)
             return seconds
 
@@ -502,7 +544,8 @@ def main() -> None:
         pre, _ = alternate(runs, *prefill_plan)
         log(f"prefill 1 x {args.prefill}: " + ", ".join(
             f"{k} {v * 1000:.1f} ms (max |logit diff| {diffs[k]:.1e})" for k, v in pre.items()))
-        genai.close()
+        for w in workers.values():
+            w.close()
 
     # -- report
     load_after = os.getloadavg()[0]
