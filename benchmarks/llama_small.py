@@ -442,13 +442,10 @@ def main() -> None:
         # -- the contenders
         fgc = {name: load(outs[name], provider="cpu", threads=threads, cache=False,
                           quiet=True) for name in (STD, OPT)}
-        genai = Genai(site, outs[GENAI], threads)
-        log(f"genai {genai.hello['version']} runs onnxruntime's library "
-            f"{genai.hello['library']}")
         # decoding: each of fgc's graphs and the builder's in a worker process of its own,
         # new ones for every pass; a process keeps its speed for its life, which differs
         # from process to process (where its memory lies) by a few per cent
-        workers: dict[str, Worker] = {GENAI: genai}
+        workers: dict[str, Worker] = {}
 
         def fresh() -> None:
             for w in workers.values():
@@ -456,6 +453,10 @@ def main() -> None:
             workers.update({name: Worker("--fgc-worker", outs[name], threads)
                             for name in (STD, OPT)})
             workers[GENAI] = Genai(site, outs[GENAI], threads)
+
+        fresh()
+        genai = workers[GENAI].hello
+        log(f"genai {genai['version']} runs onnxruntime's library {genai['library']}")
 
         def hf_generate(x: np.ndarray, n: int) -> list[list[int]]:
             ids = torch.from_numpy(x)
@@ -487,7 +488,8 @@ def main() -> None:
             x = np.random.default_rng(batch).integers(0, SIZES["V"], (batch, args.prompt))
             last: dict[str, list] = {}
             runs = decode_runs(x, last)
-            fresh()
+            if decode_rows:  # (the first batch's workers are new)
+                fresh()
             for run in runs.values():  # the first call of each: warm-up, and the ids
                 run()
             first = dict(last)
@@ -555,7 +557,7 @@ def main() -> None:
     passes, _, reps = decode_plan
     machine = (f"{cpu_name()}, {os.cpu_count()} cores, {threads} threads; onnxruntime "
                f"{ort.__version__} CPUExecutionProvider, onnxruntime-genai "
-               f"{genai.hello['version']} on the same onnxruntime library; torch "
+               f"{genai['version']} on the same onnxruntime library; torch "
                f"{torch.__version__}, transformers {transformers.__version__}")
     lines = [f"Llama-style small ({', '.join(f'{k}={v}' for k, v in SIZES.items())}; "
              f"{params / 1e6:.1f} M parameters), random weights, float32, CPU ({machine}); "

@@ -259,11 +259,11 @@ class _OnnxRunner:
             return self._full(mask)
         return self._step(ids, mask)
 
-    def _padding(self, mask: np.ndarray | None, batch: int, width: int) -> dict:
-        """The padding mask's feed: all ones (no padding) where none is given."""
+    def _padding(self, mask: np.ndarray | None, ones) -> dict:
+        """The padding mask's feed: `ones()`, a mask of no padding, where none is given."""
         if self.pad is None:
             return {}
-        return {self.pad: mask if mask is not None else np.ones((batch, width), np.int64)}
+        return {self.pad: mask if mask is not None else ones()}
 
     def _run(self, names: list[str], feeds: dict) -> list:
         try:
@@ -272,15 +272,14 @@ class _OnnxRunner:
             raise RuntimeError_(f"onnxruntime failed: {str(e)[:300]}") from None
 
     def _full(self, mask: np.ndarray | None) -> np.ndarray:
-        padding = self._padding(mask, *self.prefix.shape)
+        padding = self._padding(mask, lambda: np.ones(self.prefix.shape, np.int64))
         (logits,) = self._run([self.logits_name], {**self.fixed_checked, **padding,
                                                    self.tokens: self.prefix, **self.empty})
         return logits[:, -1]
 
     def _step(self, ids: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
         width = self.buffers.length + ids.shape[1]
-        padding = {} if self.pad is None else \
-            {self.pad: mask if mask is not None else self.buffers.mask(width)}
+        padding = self._padding(mask, lambda: self.buffers.mask(width))
         return self.buffers.step({**padding, self.tokens: ids}, ids.shape[1])
 
 
