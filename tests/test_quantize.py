@@ -153,19 +153,25 @@ def test_every_weight_product_reads_its_weight_in_blocks(model, kind, compiled):
         n.input[1] in floats or n.input[1] in {m.output[0] for m in plain.graph.node
                                                if m.op_type in ("Transpose", "Reshape")})]
     products = [n for n in quantized.graph.node if n.op_type == "MatMulNBits"]
-    # per layer, the query, key, value and output projections and the feed-forward
-    # net's two products (SwiGLU's three), apart; and the head
-    per_layer = 7 if model is LLAMA else 6
-    assert len(products) == len(weight_products) == per_layer * model[1]["L"] + 1
+    # per layer: the float graph's query, key, value and output projections and the
+    # feed-forward net's two products (SwiGLU's three), apart; and the head. Quantized,
+    # a group of products by one input is one product by its weights side by side (the
+    # input is turned into int8 blocks once): q|k|v, SwiGLU's gate|up
+    apart, joined = (7, 4) if model is LLAMA else (6, 4)
+    assert len(weight_products) == apart * model[1]["L"] + 1
+    assert len(products) == joined * model[1]["L"] + 1
     assert not [n for n in quantized.graph.node if n.op_type == "MatMul"]
     for node in products:
         codes, scales = ints[node.input[1]], ints[node.input[2]]
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         assert (attrs["bits"], attrs["block_size"], attrs["accuracy_level"]) == (bits, 32, 4)
         name = node.input[1].removesuffix(f"/{kind}")
-        w = floats[name]
+        # a joined weight `path/W_Q+W_K+W_V`: the float graph's own weights side by side
+        path, _, last = name.rpartition("/")
+        parts = [floats[f"{path}/{w}" if path else w] for w in last.split("+")]
+        w = np.concatenate([p.reshape(p.shape[0], -1) for p in parts], axis=1)
         # W_e is read as W_e^T: its rows are the blocks' rows; every other weight is (K, N)
-        rows = w if name == "W_e" else w.reshape(w.shape[0], -1).T
+        rows = parts[0] if name == "W_e" else w.T
         assert (attrs["N"], attrs["K"]) == rows.shape
         assert codes.shape == (rows.shape[0], -(-rows.shape[1] // 32), 32 * bits // 8)
         assert_within_bound(rows, codes, scales, bits)

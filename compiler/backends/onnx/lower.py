@@ -164,6 +164,7 @@ class Lowerer:
         # --quantize: products by weights read their blocks (quantize.py)
         self.quantizer = Quantizer(self.g, quantize) if quantize is not None else None
         self.weight_inits: set[str] = set()  # the parameters' initializers
+        self.family_docs: dict[str, str] = {}  # a family parameter's doc, its layout aside
         self.sources = spec.sources
         self.roles = 0
         self.batch = self._role(Poly.sym("batch"), "batch")
@@ -389,7 +390,8 @@ class Lowerer:
             arr = self.param_array(key, p, tuple(stored))
             what = f"{p.declared or p.name}: R[{', '.join(format_poly(d) for d in t.shape)}]"
             if fam is not None:
-                what += f" for each of {_int(fam)}, stored {tuple(stored)}"
+                self.family_docs[key] = what = f"{what} for each of {_int(fam)}"
+                what += f", stored {tuple(stored)}"
             self.params[key] = self.g.initializer(key, arr, what)
             self.weight_inits.add(self.params[key])
         init = self.params[key]
@@ -585,7 +587,9 @@ class Lowerer:
         side where a node takes the whole (GroupQueryAttention's packed Q | K | V); where
         only its Split does, the products apart, each by its own weights, in the Split's
         place. Either way each weight is read once; apart, nothing copies the product into
-        its parts (lowering/products.py)."""
+        its parts (lowering/products.py). Quantized, a group stays one product and its
+        Split: MatMulNBits turns its input into int8 blocks at every call, once for the
+        group rather than once per part."""
         read: dict[str, int] = {}
         for n in self.g.nodes:
             for t in n.inputs if n is not None else ():
@@ -602,7 +606,7 @@ class Lowerer:
                 continue
             self.g.doc = j.product.doc  # the products' spec line
             whole = j.product.outputs[0]
-            if ks is not None and read.get(whole) == 1:
+            if ks is not None and read.get(whole) == 1 and self.quantizer is None:
                 at[kp], at[ks] = [], []
                 for out, (t, part, label) in zip(j.split.outputs, j.parts):
                     if not read.get(out):
@@ -631,9 +635,8 @@ class Lowerer:
             return t
         if not read.get(t):
             self.g.initializers[t] = part
-            doc = self.g.init_doc.get(t, "")
-            if ", stored (" in doc:
-                self.g.init_doc[t] = f"{doc.rsplit(', stored (', 1)[0]}, stored {part.shape}"
+            if t in self.family_docs:
+                self.g.init_doc[t] = f"{self.family_docs[t]}, stored {part.shape}"
             return t
         name = self.g.initializer(f"{t}/matrix", part, f"{t} as one {part.shape} matrix")
         self.weight_inits.add(name)
