@@ -234,8 +234,8 @@ class _OnnxRunner:
     def fixed(self, given: dict) -> dict:
         return {k: np.asarray(v) for k, v in given.items()}
 
-    def start(self, ids: np.ndarray, fixed: dict, mask: np.ndarray | None = None,
-              room: int = 0) -> np.ndarray:
+    def start(self, ids: np.ndarray, fixed: dict, mask: np.ndarray | None = None, *,
+              room: int) -> np.ndarray:
         """The prompt's logits; `room`: how many positions the run may reach (a graph that
         shares its past and present buffers gets buffers that long)."""
         padded = {self.pad: mask} if mask is not None else {}
@@ -403,8 +403,8 @@ class _TorchRunner:
     def _args(self, fixed: dict, ids) -> list:
         return [ids if n == self.tokens else fixed[n] for n in self.order]
 
-    def start(self, ids: np.ndarray, fixed: dict, mask: np.ndarray | None = None,
-              room: int = 0) -> np.ndarray:
+    def start(self, ids: np.ndarray, fixed: dict, mask: np.ndarray | None = None, *,
+              room: int) -> np.ndarray:
         self.past = self.prefix = None  # step() without a past is the prefill form
         return self.next(ids, fixed, mask)
 
@@ -480,7 +480,7 @@ class _StateRunner:
         last = last.astype(np.float32) if self.onnx else last.float().cpu().numpy()
         return (np.log(np.maximum(last, 1e-30)) if self.log else last), state
 
-    def start(self, ids: np.ndarray, fixed: dict, mask=None, room: int = 0) -> np.ndarray:
+    def start(self, ids: np.ndarray, fixed: dict, mask=None, *, room: int) -> np.ndarray:
         self.prefix = ids
         scores, self.state = self._run(ids, None)
         return scores

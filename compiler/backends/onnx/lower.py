@@ -612,21 +612,18 @@ class Lowerer:
                     if not read.get(out):
                         continue
                     w = self._matrix(t, part, read)
-                    tensor, made = self.g.take(self._product, j.x, w, label)
+                    tensor, made = self.g.take(self.g.op, "MatMul", [j.x, w], label)
                     if out in outputs:  # a graph output keeps its name
                         made[-1].outputs = [out]
                     else:
                         renamed[out] = tensor
                     at[ks] += made
-            elif self.quantizer is not None:
-                tensor, made = self.g.take(self._product, j.x, j.weights, j.label)
+            elif self.quantizer is not None:  # the joined weight: a parameter's, quantized
+                tensor, made = self.g.take(self.weight_product, j.x, j.weights, j.label)
                 made[-1].outputs = [whole]
                 at[kp] = made
         self.g.doc = doc
         self.g.splice(at, renamed)
-
-    def _product(self, x: str, w: str, label: str) -> str:
-        return self.weight_product(x, w, label) or self.g.op("MatMul", [x, w], label)
 
     def _matrix(self, t: str, part, read: dict[str, int]) -> str:
         """A grouped product's weight as the (K, N) matrix a product apart takes: the
@@ -638,9 +635,7 @@ class Lowerer:
             if t in self.family_docs:
                 self.g.init_doc[t] = f"{self.family_docs[t]}, stored {part.shape}"
             return t
-        name = self.g.initializer(f"{t}/matrix", part, f"{t} as one {part.shape} matrix")
-        self.weight_inits.add(name)
-        return name
+        return self.g.initializer(f"{t}/matrix", part, f"{t} as one {part.shape} matrix")
 
     # ---------------------------------------------------------------- alignment
     def merge_roles(self, *vals: V) -> tuple[Role, ...]:
