@@ -6,7 +6,8 @@ attention), F=2048, V=32000, random weights (seeded), saved with `save_pretraine
 word-level tokenizer beside it: the builder wants one). From that one folder:
 
   * fgc: `fgc compile specs/llama.fgpt --set ... --weights FOLDER/model.safetensors
-    --target onnx --kv-cache`, standard and `--optimize ort`, run by fgc's runtime
+    --target onnx --kv-cache --last-position`, standard and `--optimize ort`, run by
+    fgc's runtime
     (`runtime.load`, `runtime.generate`: what `fgc generate` does);
   * the peer: `python -m onnxruntime_genai.models.builder -i FOLDER -p fp32 -e cpu`, run by
     onnxruntime-genai (`og.Generator`, greedy);
@@ -23,10 +24,13 @@ contender is measured in as many processes as there are passes:
 
   * decoding: tokens per second of greedy generation of N new ids after a P-id prompt
     (prompt included in the time), at batch 1 and 4; the new ids of all four must agree;
-  * prefill: one forward pass over a 1 x 128 prompt giving every position's logits and the
-    key/value cache (fgc's graphs through their onnxruntime session, the builder's through
-    `append_tokens`, transformers' `model(input_ids, use_cache=True)`); the last
-    position's logits are compared with transformers';
+  * prefill: one forward pass over a 1 x 128 prompt as generation starts, the last
+    position's logits and the key/value cache, each contender as it prefills for
+    generation (fgc's graphs, compiled with `--last-position`, through their onnxruntime
+    session; the builder's graph, which computes every position's logits, through
+    `append_tokens`; transformers' `model(input_ids, use_cache=True, logits_to_keep=1)`,
+    as its `generate` calls it); the last position's logits are compared with
+    transformers';
   * emit: wall time and peak memory (the process's maximum resident set) of `fgc compile`
     and of the builder, each as a whole process as a user runs it.
 
@@ -246,7 +250,8 @@ def run_process(cmd: list[str], env: dict | None = None) -> tuple[float, int, in
 def fgc_compile_cmd(weights: Path, out: Path, optimize: str | None) -> list[str]:
     sets = [a for k, v in SIZES.items() for a in ("--set", f"{k}={v}")]
     return ([sys.executable, "-c", CLI, "compile", str(SPEC), "--target", "onnx",
-             "--kv-cache", "--weights", str(weights), "-o", str(out)] + sets
+             "--kv-cache", "--last-position", "--weights", str(weights), "-o", str(out)]
+            + sets
             + (["--optimize", optimize] if optimize else []))
 
 
@@ -507,7 +512,7 @@ def main() -> None:
                     f"{p[GENAI] / p[STD]:.2f}" for p in rounds)
                 + f"; same ids: {same}")
 
-        # -- prefill: one forward pass, every position's logits and the cache
+        # -- prefill: one forward pass, the last position's logits and the cache
         x = np.random.default_rng(7).integers(0, SIZES["V"], (1, args.prefill))
         with torch.inference_mode():
             ref = hf(input_ids=torch.from_numpy(x)).logits[:, -1].numpy()
@@ -523,7 +528,7 @@ def main() -> None:
 
         def hf_prefill():
             with torch.inference_mode():
-                out = hf(input_ids=torch.from_numpy(x), use_cache=True)
+                out = hf(input_ids=torch.from_numpy(x), use_cache=True, logits_to_keep=1)
             lastlog[HF] = out.logits[:, -1].numpy()
 
         saved = tmp / "genai-logits.npy"
@@ -582,21 +587,26 @@ def main() -> None:
                         f"{q[OPT][0]:.2f}–{q[OPT][1]:.2f}"
                         for batch, *_, q in decode_rows) + "."]
     passes, _, reps = prefill_plan
-    lines += ["", f"Prefill: one forward pass over 1 × {args.prefill} ids, every position's "
-              f"logits and the key/value cache, median of {passes * reps}:", "",
+    lines += ["", f"Prefill: one forward pass over 1 × {args.prefill} ids as generation "
+              "starts, the last position's logits and the key/value cache (fgc's graphs "
+              "compiled with `--last-position`, transformers given `logits_to_keep=1` as its "
+              "`generate` does; the builder's graph computes every position's logits), "
+              f"median of {passes * reps}:", "",
               "| | time | speed-up over transformers | max abs last-position logit "
               "difference vs transformers |", "|---|---:|---:|---:|"]
     what = {STD: "fgc ONNX, standard (onnxruntime session)",
             OPT: "fgc ONNX, `--optimize ort` (onnxruntime session)",
             GENAI: "model builder's graph (genai `append_tokens`)",
-            HF: "transformers, PyTorch eager (`model(ids, use_cache=True)`)"}
+            HF: "transformers, PyTorch eager (`model(ids, use_cache=True, "
+                "logits_to_keep=1)`)"}
     for name in (STD, OPT, GENAI, HF):
         lines.append(f"| {what[name]} | {pre[name] * 1000:.1f} ms | "
                      f"{pre[HF] / pre[name]:.2f}× | {diffs[name]:.1e} |")
     lines += ["", f"Emit from the saved folder, each a whole process (imports included), "
               f"median of {emit_reps}; peak memory is the process's maximum resident set:", "",
               "| | wall time | peak memory | written |", "|---|---:|---:|---:|"]
-    what = {STD: "`fgc compile specs/llama.fgpt --target onnx --kv-cache --weights ...`",
+    what = {STD: "`fgc compile specs/llama.fgpt --target onnx --kv-cache --last-position "
+                 "--weights ...`",
             OPT: "the same, `--optimize ort`",
             GENAI: "`python -m onnxruntime_genai.models.builder -p fp32 -e cpu`"}
     for name in (STD, OPT, GENAI):

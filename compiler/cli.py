@@ -92,6 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="onnx, with --kv-cache: onnxruntime-genai's names (input_ids, "
                         "past_key_values.{l}.key, ...) and its genai_config.json, with the "
                         "model folder's tokenizer files (docs/generation.md)")
+    k.add_argument("--last-position", action="store_true",
+                   help="the outputs at the last position alone ([batch, 1, ...]), as "
+                        "generation reads them: a prompt computes the head for one position "
+                        "(autoregressive specs; docs/generation.md)")
     k.add_argument("--strict", action="store_true",
                    help="checkpoint tensors holding NaN or Inf are an error, not a warning")
     k.add_argument("--seed", type=_seed, default=0,
@@ -1051,6 +1055,7 @@ def cmd_compile(args) -> int:
                               kv_cache=getattr(args, "kv_cache", False),
                               strict=getattr(args, "strict", False),
                               genai=getattr(args, "genai", False),
+                              last_position=getattr(args, "last_position", False),
                               dtype=getattr(args, "dtype", None),
                               quantize=getattr(args, "quantize", None),
                               block_size=getattr(args, "block_size", None),
@@ -1382,12 +1387,25 @@ def cmd_generate(args) -> int:
         spec_args = argparse.Namespace(
             file=str(target), out=tmp, target=backend, preset=args.preset, set=args.set,
             weights=args.weights, opset=None, optimize=None, external_data=False, seed=0,
-            kv_cache=cached and backend == "onnx" and not args.no_cache)
+            kv_cache=cached and backend == "onnx" and not args.no_cache,
+            last_position=cached and _cuts_at_last(sym))
         with contextlib.redirect_stdout(io.StringIO()):  # "wrote ..." of a temporary folder
             code = cmd_compile(spec_args)
         if code != EXIT_OK:
             return code
         return _generate_dir(Path(tmp), args, prompt, stop, inputs)
+
+
+def _cuts_at_last(sym) -> bool:
+    """Whether the outputs have a last-position form (`--last-position`): a step reads the
+    last position's logits alone."""
+    from .errors import FgcError
+    from .lowering.last import last_position
+    try:
+        last_position(sym.model, sym.functions)
+    except FgcError:
+        return False
+    return True
 
 
 def _id_rows(text: str, what: str, ragged: bool = False) -> list[list[int]]:

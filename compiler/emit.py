@@ -20,7 +20,7 @@ import fcntl
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from runtime.files import (
@@ -209,7 +209,8 @@ def compile_spec(spec_path: str, out_dir: str, target: str = "torch", preset: st
                  external_data: bool = False, seed: int = 0, kv_cache: bool = False,
                  strict: bool = False, dtype: str | None = None, quantize: str | None = None,
                  block_size: int | None = None, quantize_embeddings: bool = False,
-                 genai: bool = False, reading=UNREAD) -> Compiled:
+                 genai: bool = False, last_position: bool = False,
+                 reading=UNREAD) -> Compiled:
     """Check a spec, then write the target's files; raises FgcError on any problem.
 
     torch: `model.py` (+ `weights.safetensors` with `weights`). onnx: `model.onnx` (+
@@ -228,7 +229,9 @@ def compile_spec(spec_path: str, out_dir: str, target: str = "torch", preset: st
     `quantize_embeddings` the lookups' tables too (compiler/backends/onnx/quantize.py).
     `genai` (ONNX, with `kv_cache`) names the graph's tensors as onnxruntime-genai does and
     writes its genai_config.json, with a model folder's tokenizer files when `weights` is
-    one (compiler/backends/onnx/genai.py). `reading` is config_json.configuration's result
+    one (compiler/backends/onnx/genai.py). `last_position` computes the outputs at the last
+    position alone, [batch, 1, ...], as generation reads them (compiler/lowering/last.py).
+    `reading` is config_json.configuration's result
     for these arguments where the caller has it already (the CLI prints it first)."""
     if target not in ("torch", "onnx"):
         raise FgcError(f"unknown target `{target}` (targets: torch, onnx)", None)
@@ -260,17 +263,19 @@ def compile_spec(spec_path: str, out_dir: str, target: str = "torch", preset: st
     check_range(prec, cfg.model, cfg.functions)  # a constant the precision cannot hold
     from .passes.budget import check_budget
     check_budget(spec, cfg, target, kv_cache)  # refuse what cannot finish, before any work
+    sym = _lowered(spec, last_position)
     if target == "onnx":
         prepare_output(out_dir)
         return _compile_onnx(spec, cfg, preset, out_dir, weights, opset, optimize,
-                             external_data, seed, kv_cache, strict, prec, quant, genai=genai)
+                             external_data, seed, kv_cache, strict, prec, quant, genai=genai,
+                             sym=sym)
     if opset is not None or optimize is not None or external_data or kv_cache:
         raise FgcError("--opset, --optimize, --external-data and --kv-cache are for --target "
                        "onnx (the torch module has step())", None)
     prepare_output(out_dir)  # refuse an unusable folder before the work, create it after
     from .backends.torch.codegen import Generator, Unsupported
     try:
-        source = Generator(spec, spec.symbolic(), cfg.values, spec.sources, preset,
+        source = Generator(spec, sym, cfg.values, spec.sources, preset,
                            prec).generate()
     except Unsupported as e:
         raise FgcError(f"the torch backend cannot lower this spec: {e}",
@@ -362,8 +367,21 @@ def _nonfinite(imported, weights: str | None, strict: bool) -> list[str]:
     return [message]
 
 
+def _lowered(spec, last_position: bool):
+    """The symbolic configuration both backends lower: the spec's, or with
+    `last_position` its outputs at the last position alone (lowering/last.py)."""
+    sym = spec.symbolic()
+    if not last_position:
+        return sym
+    from .lowering.last import last_position as at_last
+    cut = replace(sym, model=at_last(sym.model, sym.functions))
+    cut.functions = sym.functions  # type: ignore[attr-defined]
+    return cut
+
+
 def _compile_onnx(spec, cfg, preset, out_dir, weights, opset, optimize, external_data,
-                  seed, kv_cache, strict, prec, quant=None, genai=False) -> Compiled:
+                  seed, kv_cache, strict, prec, quant=None, genai=False,
+                  sym=None) -> Compiled:
     if optimize not in (None, "none", "ort"):
         raise FgcError(f"unknown --optimize `{optimize}` (choose ort)", None)
     _check_room(cfg.total, _existing_ancestor(prepare_output(out_dir)), prec)
@@ -375,11 +393,12 @@ def _compile_onnx(spec, cfg, preset, out_dir, weights, opset, optimize, external
     with imported or contextlib.nullcontext():
         return _lower_onnx(spec, cfg, preset, out_dir, weights, opset, optimize,
                            external_data, seed, kv_cache, strict, imported, prec, quant,
-                           genai=genai)
+                           genai=genai, sym=sym)
 
 
 def _lower_onnx(spec, cfg, preset, out_dir, weights, opset, optimize, external_data, seed,
-                kv_cache, strict, imported, prec, quant=None, genai=False) -> Compiled:
+                kv_cache, strict, imported, prec, quant=None, genai=False,
+                sym=None) -> Compiled:
     from .backends.onnx.graph import PROTOBUF_LIMIT
     from .backends.onnx.lower import DEFAULT_OPSET, Lowerer, Unsupported
     # past protobuf's limit, less room for the graph, the weights go to model.onnx.data
@@ -388,7 +407,7 @@ def _lower_onnx(spec, cfg, preset, out_dir, weights, opset, optimize, external_d
     note(f"lowering {cfg.model.name} ({cfg.total:,} parameters) to ONNX"
          + ("" if imported else f", random weights (seed {seed})"))
     try:
-        lw = Lowerer(spec, spec.symbolic(), cfg.values, opset=opset or DEFAULT_OPSET,
+        lw = Lowerer(spec, sym or spec.symbolic(), cfg.values, opset=opset or DEFAULT_OPSET,
                      optimize=None if optimize == "none" else optimize,
                      weights=imported.tensors if imported else None, seed=seed,
                      preset=preset, kv_cache=kv_cache, precision=prec, quantize=quant,

@@ -126,6 +126,7 @@ class _Scope:
         self.ells: set[str] = set()  # `...` that stand for dims including the positions
         self.varying: set[str] = set()  # values that differ from family member to member
         self.computed: set[str] = set()  # values its equations compute (not parameters)
+        self.last: set[str] = set()  # values at the last position alone (lowering/last.py)
         self.guarded: Span | None = None  # the call, made by some layers only, it is inside
         self.fn = ""  # the module whose body this is ("" for the model's)
 
@@ -227,6 +228,8 @@ class _Walk:
             else:
                 self.eqn(item, top, set())
         for o in [] if self.padded else m.outputs:
+            if o.name in top.last:
+                continue
             t = types.get(o.name, o.type)
             ax = self.axes(t, top, m.span)
             if not ax or self.last_is_positions(t, top, m.span):
@@ -241,6 +244,11 @@ class _Walk:
         s.computed.update(v.name for v in e.outs)
         ins = [self.type_of(o, s) for o in e.ins]
         causal_in = [o.name in s.causal for o in e.ins if o.name is not None]
+        if e.attrs.get("last") or any(o.name in s.last for o in e.ins):
+            # the cut to the last position before the outputs, and what reads its result:
+            # one position, which a padded batch keeps a token (padding comes first)
+            s.last.update(v.name for v in e.outs)
+            return
         if e.op == "call":
             self.call(e, s, ins, shared)
             return

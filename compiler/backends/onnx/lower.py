@@ -1611,6 +1611,11 @@ def _index(lw: Lowerer, e: Eqn, ins: list[V], scope: Scope) -> V:
         pos = nb + axis - removed
         if kind == ":":
             continue
+        if kind == "range" and e.attrs.get("last"):  # the last position (lowering/last.py)
+            k += 2
+            x = lw.g.op("Slice", [x, lw.g.ints([-1]), lw.g.ints([2**62]), lw.g.ints([pos])],
+                        label)
+            continue
         if kind == "range":
             lo, hi = rest[k], rest[k + 1]
             k += 2

@@ -1030,6 +1030,9 @@ def _index(b: Body, e: Eqn, ins: list[_Val], out: Layout) -> Expr:
     for kind in kinds:
         if kind == ":":
             items.append(Slice())
+        elif kind == "range" and e.attrs.get("last"):  # the last position (lowering/last.py)
+            k += 2
+            items.append(Slice(Const(-1)))
         elif kind == "range":
             lo, hi = rest[k], rest[k + 1]
             k += 2
