@@ -45,9 +45,8 @@ def last_position(model: ir.Model, functions: dict[str, ir.Function]) -> ir.Mode
     start = max((k for k, item in enumerate(body) if isinstance(item, Loop)), default=-1) + 1
     tail: list[Eqn] = body[start:]  # type: ignore[assignment]
     made = {v.name: e for e in tail for v in e.outs}
-    types = _types(model)
-    heads: set[int] = set()  # the equations that compute the outputs at the last position
-    moved: set[int] = set()  # they and what passes their results on to the outputs
+    types, computed = _types(model)
+    moved: set[int] = set()  # the heads, and what passes their results on to the outputs
 
     def back(name: str, output: str) -> None:
         e = made[name]
@@ -62,7 +61,6 @@ def last_position(model: ir.Model, functions: dict[str, ir.Function]) -> ir.Mode
         if e.op == "call" and _attends(e, inc):
             raise FgcError(f"--last-position: output `{output}` is computed by an attention "
                            "over the positions", e.span)
-        heads.add(id(e))
 
     for o in model.outputs:
         if not _positional(o.type, n) or o.name not in made:
@@ -81,7 +79,7 @@ def last_position(model: ir.Model, functions: dict[str, ir.Function]) -> ir.Mode
             if t is None or not _positional(t, n) or \
                     (o.name in made and id(made[o.name]) in moved):
                 continue
-            if o.name not in types.computed or o.member is not None:
+            if o.name not in computed or o.member is not None:
                 raise FgcError(f"--last-position: the outputs read `{o.name}` along the "
                                "positions, which is not a value computed before them", e.span)
             if o.name not in cut:
@@ -100,30 +98,22 @@ def last_position(model: ir.Model, functions: dict[str, ir.Function]) -> ir.Mode
     return model.model_copy(update={"body": body[:start] + out_tail, "outputs": outputs})
 
 
-class _Types(dict):
-    """Every value's type by name; `computed`: the names equations compute (the layers'
-    results included), not inputs or parameters."""
-
-    computed: set[str]
-
-
-def _types(model: ir.Model) -> _Types:
-    out = _Types()
-    out.update((v.name, v.type) for v in model.inputs)
-    out.update((p.name, p.type) for p in model.params)
-    out.computed = set()
+def _types(model: ir.Model) -> tuple[dict[str, TensorType], set[str]]:
+    """Every value's type by name, and the names equations compute (the layers' results
+    included), not inputs or parameters."""
+    types = {v.name: v.type for v in model.inputs}
+    types.update((p.name, p.type) for p in model.params)
+    computed: set[str] = set()
     for item in model.body:
-        eqns = item.body if isinstance(item, Loop) else [item]
-        for e in eqns:
-            for v in e.outs:
-                out[v.name] = v.type
-                out.computed.add(v.name)
+        for e in item.body if isinstance(item, Loop) else [item]:
+            types.update((v.name, v.type) for v in e.outs)
+            computed.update(v.name for v in e.outs)
         if isinstance(item, Loop):
             for inner, outer in item.results:
-                if inner in out:
-                    out[outer] = out[inner]
-                    out.computed.add(outer)
-    return out
+                if inner in types:
+                    types[outer] = types[inner]
+                    computed.add(outer)
+    return types, computed
 
 
 def _last(name: str, out: str, t: TensorType, n: str, guards: list, span) -> Eqn:
