@@ -7,8 +7,10 @@ word-level tokenizer beside it: the builder wants one). From that one folder:
 
   * fgc: `fgc compile specs/llama.fgpt --set ... --weights FOLDER/model.safetensors
     --target onnx --kv-cache --last-position`, standard and `--optimize ort`, run by
-    fgc's runtime
-    (`runtime.load`, `runtime.generate`: what `fgc generate` does);
+    fgc's runtime (`runtime.load`, `runtime.generate`: what `fgc generate` does), and the
+    ort graph once more loaded with `huge_pages=True` (`fgc generate --huge-pages`: the
+    session's memory on 2 MiB pages, runtime/pages.py), to show what that costs at load
+    and gains in decoding;
   * the peer: `python -m onnxruntime_genai.models.builder -i FOLDER -p fp32 -e cpu`, run by
     onnxruntime-genai (`og.Generator`, greedy);
   * transformers: the LlamaForCausalLM itself, `generate(do_sample=False)`, PyTorch eager.
@@ -23,7 +25,7 @@ a few per cent faster or slower in another process (where its memory lies), so e
 contender is measured in as many processes as there are passes:
 
   * decoding: tokens per second of greedy generation of N new ids after a P-id prompt
-    (prompt included in the time), at batch 1 and 4; the new ids of all four must agree;
+    (prompt included in the time), at batch 1 and 4; the new ids of all must agree;
   * prefill: one forward pass over a 1 x 128 prompt as generation starts, the last
     position's logits and the key/value cache, each contender as it prefills for
     generation (fgc's graphs, compiled with `--last-position`, through their onnxruntime
@@ -72,6 +74,7 @@ SIZES = {"L": 12, "H": 768, "A": 12, "G": 4, "F": 2048, "V": 32000}
 GENAI_VERSION = "0.18.0"
 GENAI_PINS = (f"onnxruntime-genai=={GENAI_VERSION}", "onnx-ir==1.1.0")
 STD, OPT, GENAI, HF = "fgc", "fgc ort", "genai", "transformers"
+OPTHP = "fgc ort huge"  # the ort graph again, loaded with huge_pages=True (runtime/pages.py)
 LABELS = {STD: "fgc ONNX, standard", OPT: "fgc ONNX, `--optimize ort`",
           GENAI: f"onnxruntime-genai {GENAI_VERSION} model builder",
           HF: "transformers"}
@@ -133,17 +136,19 @@ def genai_worker(folder: str, threads: int) -> None:
     import onnxruntime
     import onnxruntime_genai as og
 
+    t0 = time.perf_counter()
     config = og.Config(folder)
     config.clear_providers()  # the CPU provider
     config.overlay(json.dumps({"model": {"decoder": {"session_options": {
         "intra_op_num_threads": threads, "inter_op_num_threads": 1}}}}))
     model = og.Model(config)
+    loaded = time.perf_counter() - t0
 
     def reply(obj: dict) -> None:
         print(REPLY + json.dumps(obj), flush=True)
 
     reply({"version": og.__version__, "onnxruntime": onnxruntime.__file__,
-           "library": os.environ.get("ORT_LIB_PATH", "?")})
+           "library": os.environ.get("ORT_LIB_PATH", "?"), "load": loaded})
     for line in sys.stdin:
         req = json.loads(line)
         ids = np.asarray(req["ids"], dtype=np.int32)
@@ -172,10 +177,14 @@ def genai_worker(folder: str, threads: int) -> None:
 def fgc_worker(folder: str, threads: int) -> None:
     """The subprocess that decodes with one of fgc's graphs (`runtime.load`,
     `runtime.generate`), in the genai worker's protocol; times taken here."""
+    import onnxruntime  # noqa: F401 - imported before the clock starts, as genai's worker does
+
     from runtime import generate, load
 
+    t0 = time.perf_counter()
     model = load(folder, provider="cpu", threads=threads, cache=False, quiet=True)
-    print(REPLY + json.dumps({"provider": model.provider}), flush=True)
+    print(REPLY + json.dumps({"provider": model.provider, "load": time.perf_counter() - t0,
+                              "huge": model.huge_pages}), flush=True)
     for line in sys.stdin:
         req = json.loads(line)
         t0 = time.perf_counter()
@@ -447,6 +456,9 @@ def main() -> None:
         # -- the contenders
         fgc = {name: load(outs[name], provider="cpu", threads=threads, cache=False,
                           quiet=True) for name in (STD, OPT)}
+        huge_pages = dict(os.environ, FGC_HUGE_PAGES="1")
+        loads: dict[str, list[float]] = {k: [] for k in (STD, OPT, OPTHP, GENAI)}
+        collapsed: list[int] = []
         # decoding: each of fgc's graphs and the builder's in a worker process of its own,
         # new ones for every pass; a process keeps its speed for its life, which differs
         # from process to process (where its memory lies) by a few per cent
@@ -457,7 +469,11 @@ def main() -> None:
                 w.close()
             workers.update({name: Worker("--fgc-worker", outs[name], threads)
                             for name in (STD, OPT)})
+            workers[OPTHP] = Worker("--fgc-worker", outs[OPT], threads, huge_pages)
             workers[GENAI] = Genai(site, outs[GENAI], threads)
+            for name, w in workers.items():
+                loads[name].append(w.hello["load"])
+            collapsed.append(workers[OPTHP].hello["huge"])
 
         fresh()
         genai = workers[GENAI].hello
@@ -485,8 +501,8 @@ def main() -> None:
             def hf_run():
                 last[HF] = hf_generate(x, new)
 
-            return {STD: worker_run(STD), OPT: worker_run(OPT), GENAI: worker_run(GENAI),
-                    HF: hf_run}
+            return {STD: worker_run(STD), OPT: worker_run(OPT), OPTHP: worker_run(OPTHP),
+                    GENAI: worker_run(GENAI), HF: hf_run}
 
         decode_rows = []
         for batch in args.batches:
@@ -504,8 +520,10 @@ def main() -> None:
                 log(f"B={batch}: the new ids differ: " + ", ".join(
                     f"{k} {v[0][:8]}" for k, v in first.items()))
             rate = {k: batch * new / s for k, s in med.items()}
-            speedup = {(a, b): paired(rounds, a, b) for a in (STD, OPT) for b in (GENAI, HF)}
-            quartiles = {a: spread(rounds, a, GENAI) for a in (STD, OPT)}
+            speedup = {(a, b): paired(rounds, a, b) for a in (STD, OPT, OPTHP)
+                       for b in (GENAI, HF)}
+            speedup[OPTHP, OPT] = paired(rounds, OPTHP, OPT)
+            quartiles = {a: spread(rounds, a, GENAI) for a in (STD, OPT, OPTHP)}
             decode_rows.append((batch, rate, speedup, same, quartiles))
             log(f"B={batch}: " + ", ".join(f"{k} {v:.1f} tok/s" for k, v in rate.items())
                 + "; fgc / builder per round: " + ", ".join(
@@ -586,6 +604,19 @@ def main() -> None:
               "; ".join(f"batch {batch}: fgc {q[STD][0]:.2f}–{q[STD][1]:.2f}, fgc ort "
                         f"{q[OPT][0]:.2f}–{q[OPT][1]:.2f}"
                         for batch, *_, q in decode_rows) + "."]
+    load_s = {k: statistics.median(v) for k, v in loads.items()}
+    lines += ["", "Loaded with `huge_pages=True` (`fgc generate --huge-pages`: the memory "
+              "onnxruntime maps for the session, the packed weights, collapsed onto 2 MiB "
+              f"pages, {mib(statistics.median(collapsed))}), the ort graph, a fifth contender "
+              "in the same rounds: " +
+              "; ".join(f"batch {batch}: {r[OPTHP]:.1f} tok/s, {x[OPTHP, GENAI]:.2f}× the "
+                        f"builder (quartiles {q[OPTHP][0]:.2f}–{q[OPTHP][1]:.2f}), "
+                        f"{x[OPTHP, OPT]:.2f}× the same graph on 4 KiB pages"
+                        for batch, r, x, _, q in decode_rows) +
+              f". Loading, median of {len(loads[OPT])} worker processes: fgc standard "
+              f"{load_s[STD]:.2f} s, fgc ort {load_s[OPT]:.2f} s, fgc ort with huge pages "
+              f"{load_s[OPTHP]:.2f} s (range {min(loads[OPTHP]):.2f}–{max(loads[OPTHP]):.2f} "
+              f"s), the builder's graph in genai {load_s[GENAI]:.2f} s."]
     passes, _, reps = prefill_plan
     lines += ["", f"Prefill: one forward pass over 1 × {args.prefill} ids as generation "
               "starts, the last position's logits and the key/value cache (fgc's graphs "

@@ -184,6 +184,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="onnx: the execution provider")
     g.add_argument("--no-cache", action="store_true",
                    help="recompute the whole prefix at every step")
+    g.add_argument("--huge-pages", action="store_true",
+                   help="onnx on CPU: the session's memory onto 2 MiB pages (Linux; loads "
+                   "slower, decodes faster: for long runs)")
 
     h = sub.add_parser("cache", help="show or clear fgc's caches (parsed specs, parse tables, "
                        "onnxruntime's optimised graphs, CPU kernel choices)")
@@ -1297,11 +1300,20 @@ def cmd_run(args) -> int:
         return _run_dir(Path(tmp), args)
 
 
+def _print_pages(model) -> None:
+    """The line saying how much of the session's memory is on huge pages (runtime/pages.py),
+    where any is."""
+    if model.huge_pages:
+        print(f"memory: {model.huge_pages / 2**20:.0f} MiB of onnxruntime's session on 2 MiB "
+              "pages")
+
+
 def _run_dir(folder, args) -> int:
     from runtime import RuntimeError_, load
     try:
         model = load(folder, provider=args.provider)
         print(f"provider: {model.provider} ({model.reason})")
+        _print_pages(model)
         feeds = model.feeds(args.tokens, dict(_pairs(args.input)))
         for note in model.notes:
             print(f"note: {note}")
@@ -1445,8 +1457,9 @@ def _generate_dir(folder, args, prompt, stop, inputs) -> int:
     module = None  # a compiled model.py, whose CPU kernel choices are kept afterwards
     try:
         if (folder / "model.onnx").is_file():
-            model = load(folder, provider=args.provider)
+            model = load(folder, provider=args.provider, huge_pages=args.huge_pages or None)
             print(f"provider: {model.provider} ({model.reason})")
+            _print_pages(model)
             cached, state = bool(model.incremental), bool(model.state)
         elif (folder / "model.py").is_file():
             model, module = _torch_model(folder)

@@ -34,6 +34,8 @@ import numpy as np
 
 from runtime.compat import plain, too_old
 from runtime.files import atomic_write, cache_home, open_regular, private_dir, read_entry
+from runtime.pages import asked as huge_asked
+from runtime.pages import onto_huge_pages
 from runtime.progress import Ticker, human_size
 from runtime.protoscan import ModelSummary, WireError, scan
 from runtime.signature import Signature, SignatureError, from_metadata
@@ -157,7 +159,8 @@ def check_model_file(path: Path) -> ModelSummary:
 
 class Model:
     def __init__(self, folder: str | Path, provider: str = "auto", optimize: bool = True,
-                 threads: int | None = None, cache: bool = True, quiet: bool = False):
+                 threads: int | None = None, cache: bool = True, quiet: bool = False,
+                 huge_pages: bool | None = None):
         import onnxruntime as ort
         ort.set_default_logger_severity(3)
         folder = Path(folder)
@@ -193,9 +196,12 @@ class Model:
         elif entry is not None:
             entry.prepare(opts)
         verb = "loading" if self.cached or not optimize else "optimising"
+        # on CPU, where asked: what onnxruntime maps for the session onto 2 MiB pages
+        pages = onto_huge_pages() if providers[0] == CPU and huge_asked(huge_pages) \
+            else contextlib.nullcontext(None)
         try:
             with Ticker(f"{verb} {path} ({human_size(sum(_sizes(path, summary)))}) with "
-                        "onnxruntime", show=False if quiet else None):
+                        "onnxruntime", show=False if quiet else None), pages as placed:
                 self.session = ort.InferenceSession(str(load_path), opts, providers=providers)
         except Exception as e:  # noqa: BLE001 - onnxruntime's errors are one class per cause
             if entry is not None:
@@ -221,6 +227,8 @@ class Model:
         # what the graph's real inputs and outputs hold (float32, or float16 from `--dtype`)
         self.real = _real_type(self.session)
         self.provider = self.session.get_providers()[0]
+        # bytes of the session's memory on huge pages (runtime/pages.py)
+        self.huge_pages = placed.moved if placed is not None else 0
         if self.provider != providers[0]:
             self.reason = f"{providers[0]} did not start; falling back to {self.provider}"
 
