@@ -1,4 +1,4 @@
-"""The weights onnxruntime holds for a CPU session, moved onto 2 MiB pages (Linux).
+"""The memory onnxruntime maps for a CPU session, moved onto 2 MiB pages (Linux).
 
 A decoding step on CPU streams every weight from memory once: onnxruntime packs each
 MatMul's constant operand into a buffer of its own when the session is made, and a step
@@ -110,6 +110,6 @@ def onto_huge_pages() -> Iterator[Placed]:
         return
     for lo, hi in regions:
         placed.asked += hi - lo
-        madvise(lo, hi - lo, MADV_HUGEPAGE)  # kept on huge pages if they are split later
+        madvise(lo, hi - lo, MADV_HUGEPAGE)  # the region may hold huge pages from now on
         if madvise(lo, hi - lo, MADV_COLLAPSE) == 0:
             placed.moved += hi - lo
