@@ -10,8 +10,8 @@ appeared meanwhile into huge pages (`madvise(MADV_COLLAPSE)`, Linux 6.1 and late
 It is a trade, so it is asked for (`runtime.load(..., huge_pages=True)`, `fgc generate
 --huge-pages`, or `FGC_HUGE_PAGES=1`): the kernel copies the memory into huge pages it
 may first have to make room for. On a 2-core AMD EPYC virtual machine, the llama-small
-model (500-700 MiB collapsed): loading took 0.2-1.5 s longer and a decoding step about
-4 % less time (benchmarks/llama_small.py measures both in each run), so it pays back
+model (330-700 MiB collapsed): loading took 0.2-1.5 s longer and a decoding step 1-4 %
+less time (benchmarks/llama_small.py measures both in each run), so it pays back
 after some thousands of steps, in a process that serves, not in one that runs once.
 glibc's `GLIBC_TUNABLES=glibc.malloc.hugetlb=1`, set before a process starts, gets any
 process's large allocations onto huge pages as they are made, at a similar cost.
