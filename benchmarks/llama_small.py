@@ -458,8 +458,9 @@ def main() -> None:
 
         # -- the contenders
         fgc = {name: load(outs[name], provider="cpu", threads=threads, cache=False,
-                          quiet=True) for name in (STD, OPT)}
-        huge_pages = dict(os.environ, FGC_HUGE_PAGES="1")
+                          quiet=True, huge_pages=False) for name in (STD, OPT)}
+        # fgc's defaults whatever this environment says, and the ort graph with huge pages
+        small_pages, huge_pages = (dict(os.environ, FGC_HUGE_PAGES=v) for v in "01")
         loads: dict[str, list[float]] = {k: [] for k in (STD, OPT, OPTHP, GENAI)}
         collapsed: list[int] = []
         # decoding: each of fgc's graphs and the builder's in a worker process of its own,
@@ -470,7 +471,7 @@ def main() -> None:
         def fresh() -> None:
             for w in workers.values():
                 w.close()
-            workers.update({name: Worker("--fgc-worker", outs[name], threads)
+            workers.update({name: Worker("--fgc-worker", outs[name], threads, small_pages)
                             for name in (STD, OPT)})
             workers[OPTHP] = Worker("--fgc-worker", outs[OPT], threads, huge_pages)
             workers[GENAI] = Genai(site, outs[GENAI], threads)
