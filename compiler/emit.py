@@ -16,11 +16,12 @@ one compile's files, never a mix; a folder that did not exist is created only on
 from __future__ import annotations
 
 import contextlib
+import copy
 import fcntl
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from runtime.files import (
@@ -374,14 +375,13 @@ def _lowered(spec, last_position: bool):
     if not last_position:
         return sym
     from .lowering.last import last_position as at_last
-    cut = replace(sym, model=at_last(sym.model, sym.functions))
-    cut.functions = sym.functions  # type: ignore[attr-defined]
+    cut = copy.copy(sym)  # its functions too, which the pipeline attaches
+    cut.model = at_last(sym.model, sym.functions)
     return cut
 
 
 def _compile_onnx(spec, cfg, preset, out_dir, weights, opset, optimize, external_data,
-                  seed, kv_cache, strict, prec, quant=None, genai=False,
-                  sym=None) -> Compiled:
+                  seed, kv_cache, strict, prec, quant, genai, sym) -> Compiled:
     if optimize not in (None, "none", "ort"):
         raise FgcError(f"unknown --optimize `{optimize}` (choose ort)", None)
     _check_room(cfg.total, _existing_ancestor(prepare_output(out_dir)), prec)
@@ -397,8 +397,7 @@ def _compile_onnx(spec, cfg, preset, out_dir, weights, opset, optimize, external
 
 
 def _lower_onnx(spec, cfg, preset, out_dir, weights, opset, optimize, external_data, seed,
-                kv_cache, strict, imported, prec, quant=None, genai=False,
-                sym=None) -> Compiled:
+                kv_cache, strict, imported, prec, quant, genai, sym) -> Compiled:
     from .backends.onnx.graph import PROTOBUF_LIMIT
     from .backends.onnx.lower import DEFAULT_OPSET, Lowerer, Unsupported
     # past protobuf's limit, less room for the graph, the weights go to model.onnx.data
@@ -407,7 +406,7 @@ def _lower_onnx(spec, cfg, preset, out_dir, weights, opset, optimize, external_d
     note(f"lowering {cfg.model.name} ({cfg.total:,} parameters) to ONNX"
          + ("" if imported else f", random weights (seed {seed})"))
     try:
-        lw = Lowerer(spec, sym or spec.symbolic(), cfg.values, opset=opset or DEFAULT_OPSET,
+        lw = Lowerer(spec, sym, cfg.values, opset=opset or DEFAULT_OPSET,
                      optimize=None if optimize == "none" else optimize,
                      weights=imported.tensors if imported else None, seed=seed,
                      preset=preset, kv_cache=kv_cache, precision=prec, quantize=quant,

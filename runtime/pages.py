@@ -29,18 +29,19 @@ import ctypes
 import os
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 HUGE = 2 << 20  # bytes in a huge page on x86-64 and arm64's default
 MADV_HUGEPAGE = 14
 MADV_COLLAPSE = 25
 
 
+@dataclass
 class Placed:
     """What `onto_huge_pages` moved: bytes on huge pages, and bytes it asked for."""
 
-    def __init__(self) -> None:
-        self.moved = 0
-        self.asked = 0
+    moved: int = 0
+    asked: int = 0
 
 
 def _anonymous() -> list[tuple[int, int]]:
@@ -96,7 +97,7 @@ def onto_huge_pages() -> Iterator[Placed]:
         return
     try:
         before = _anonymous()
-        libc = ctypes.CDLL(None, use_errno=True)
+        libc = ctypes.CDLL(None)
         madvise = libc.madvise
         madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
         madvise.restype = ctypes.c_int

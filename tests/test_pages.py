@@ -63,6 +63,22 @@ def test_only_memory_mapped_inside_the_block_is_asked_for():
     assert old_lo > 0
 
 
+@linux
+def test_the_new_ranges_of_this_process_cover_a_new_array_and_not_an_old_one():
+    old = np.ones(16 * HUGE // 8)
+    before = pages._anonymous()
+    new = np.ones(32 * HUGE // 8)
+    regions = _new(before, pages._anonymous())
+
+    def inside(lo, hi):  # the whole huge pages of [lo, hi)
+        return -(-lo // HUGE) * HUGE, hi // HUGE * HUGE
+
+    a, b = inside(new.ctypes.data, new.ctypes.data + new.nbytes)
+    assert any(lo <= a and b <= hi for lo, hi in regions)
+    a, b = old.ctypes.data, old.ctypes.data + old.nbytes
+    assert not any(lo < b and a < hi for lo, hi in regions)
+
+
 def test_asked_for_only(monkeypatch):
     monkeypatch.delenv("FGC_HUGE_PAGES", raising=False)
     assert not pages.asked(None) and pages.asked(True)
