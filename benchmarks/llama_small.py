@@ -6,7 +6,8 @@ attention), F=2048, V=32000, random weights (seeded), saved with `save_pretraine
 word-level tokenizer beside it: the builder wants one). From that one folder:
 
   * fgc: `fgc compile specs/llama.fgpt --set ... --weights FOLDER/model.safetensors
-    --target onnx --kv-cache --last-position --external-data` (the weights in
+    --target onnx --kv-cache --last-position --outputs logits --external-data` (the logits
+    alone, as generation reads them and the builder writes them; the weights in
     model.onnx.data, which onnxruntime maps rather than parses: the session is made 2-3
     times faster than from one 500 MB model.onnx), standard and `--optimize ort`, run by
     fgc's runtime (`runtime.load`, `runtime.generate`: what `fgc generate` does), and the
@@ -261,8 +262,8 @@ def run_process(cmd: list[str], env: dict | None = None) -> tuple[float, int, in
 def fgc_compile_cmd(weights: Path, out: Path, optimize: str | None) -> list[str]:
     sets = [a for k, v in SIZES.items() for a in ("--set", f"{k}={v}")]
     return ([sys.executable, "-c", CLI, "compile", str(SPEC), "--target", "onnx",
-             "--kv-cache", "--last-position", "--external-data", "--weights", str(weights),
-             "-o", str(out)]
+             "--kv-cache", "--last-position", "--outputs", "logits", "--external-data",
+             "--weights", str(weights), "-o", str(out)]
             + sets
             + (["--optimize", optimize] if optimize else []))
 
@@ -641,7 +642,7 @@ def main() -> None:
               f"median of {emit_reps}; peak memory is the process's maximum resident set:", "",
               "| | wall time | peak memory | written |", "|---|---:|---:|---:|"]
     what = {STD: "`fgc compile specs/llama.fgpt --target onnx --kv-cache --last-position "
-                 "--external-data --weights ...`",
+                 "--outputs logits --external-data --weights ...`",
             OPT: "the same, `--optimize ort`",
             GENAI: "`python -m onnxruntime_genai.models.builder -p fp32 -e cpu`"}
     for name in (STD, OPT, GENAI):

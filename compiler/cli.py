@@ -96,6 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the outputs at the last position alone ([batch, 1, ...]), as "
                         "generation reads them: a prompt computes the head for one position "
                         "(autoregressive specs; docs/generation.md)")
+    k.add_argument("--outputs", type=_names, metavar="NAMES",
+                   help="onnx: the outputs the graph computes, by name, comma-separated: "
+                        "some of the spec's, and `logits` (the final Softmax's input), the "
+                        "one output generation reads, with no Softmax computed")
     k.add_argument("--strict", action="store_true",
                    help="checkpoint tensors holding NaN or Inf are an error, not a warning")
     k.add_argument("--seed", type=_seed, default=0,
@@ -277,6 +281,14 @@ def _top_p(text: str) -> float:
     if not 0 < value <= 1:  # worded as runtime.generate words it
         raise argparse.ArgumentTypeError(f"top-p {value}: give a number in (0, 1]")
     return value
+
+
+def _names(text: str) -> list[str]:
+    """`--outputs A,B`: names, in the order given, each once."""
+    names = [n.strip() for n in text.split(",")]
+    if not all(names):
+        raise argparse.ArgumentTypeError(f"`{_short(text)}`: give names separated by commas")
+    return list(dict.fromkeys(names))
 
 
 def _set_arg(text: str) -> str:
@@ -1059,6 +1071,7 @@ def cmd_compile(args) -> int:
                               strict=getattr(args, "strict", False),
                               genai=getattr(args, "genai", False),
                               last_position=getattr(args, "last_position", False),
+                              outputs=getattr(args, "outputs", None),
                               dtype=getattr(args, "dtype", None),
                               quantize=getattr(args, "quantize", None),
                               block_size=getattr(args, "block_size", None),
@@ -1400,12 +1413,20 @@ def cmd_generate(args) -> int:
             file=str(target), out=tmp, target=backend, preset=args.preset, set=args.set,
             weights=args.weights, opset=None, optimize=None, external_data=False, seed=0,
             kv_cache=cached and backend == "onnx" and not args.no_cache,
-            last_position=cached and _cuts_at_last(sym))
+            last_position=cached and _cuts_at_last(sym),
+            outputs=_logits_alone(sym) if backend == "onnx" else None)
         with contextlib.redirect_stdout(io.StringIO()):  # "wrote ..." of a temporary folder
             code = cmd_compile(spec_args)
         if code != EXIT_OK:
             return code
         return _generate_dir(Path(tmp), args, prompt, stop, inputs)
+
+
+def _logits_alone(sym) -> list[str] | None:
+    """`--outputs logits` where the model has logits: generation reads nothing else, so
+    the graph computes no final Softmax."""
+    from .lowering.signature import LOGITS, logits_of
+    return [LOGITS] if logits_of(sym.model, sym.functions) is not None else None
 
 
 def _cuts_at_last(sym) -> bool:

@@ -211,7 +211,7 @@ def compile_spec(spec_path: str, out_dir: str, target: str = "torch", preset: st
                  strict: bool = False, dtype: str | None = None, quantize: str | None = None,
                  block_size: int | None = None, quantize_embeddings: bool = False,
                  genai: bool = False, last_position: bool = False,
-                 reading=UNREAD) -> Compiled:
+                 outputs: list[str] | None = None, reading=UNREAD) -> Compiled:
     """Check a spec, then write the target's files; raises FgcError on any problem.
 
     torch: `model.py` (+ `weights.safetensors` with `weights`). onnx: `model.onnx` (+
@@ -232,8 +232,11 @@ def compile_spec(spec_path: str, out_dir: str, target: str = "torch", preset: st
     writes its genai_config.json, with a model folder's tokenizer files when `weights` is
     one (compiler/backends/onnx/genai.py). `last_position` computes the outputs at the last
     position alone, [batch, 1, ...], as generation reads them (compiler/lowering/last.py).
-    `reading` is config_json.configuration's result
-    for these arguments where the caller has it already (the CLI prints it first)."""
+    `outputs` (ONNX) names the outputs the graph computes: some of the spec's, and its
+    `logits` (compiler/lowering/signature.py, `select_outputs`); the cache's presents and
+    the state stay. With `genai` it is the logits alone unless given. `reading` is
+    config_json.configuration's result for these arguments where the caller has it
+    already (the CLI prints it first)."""
     if target not in ("torch", "onnx"):
         raise FgcError(f"unknown target `{target}` (targets: torch, onnx)", None)
     if genai and (target != "onnx" or not kv_cache):
@@ -266,13 +269,20 @@ def compile_spec(spec_path: str, out_dir: str, target: str = "torch", preset: st
     check_budget(spec, cfg, target, kv_cache)  # refuse what cannot finish, before any work
     sym = _lowered(spec, last_position)
     if target == "onnx":
+        if outputs is not None or genai:  # an output the model lacks: refused before any work
+            from .lowering.signature import select_outputs, signature_form
+            form = signature_form(sym.model, sym.functions)
+            if outputs is None and form["logits"] is not None:
+                outputs = [form["logits"]["name"]]  # onnxruntime-genai reads nothing else
+            select_outputs(form, outputs)
         prepare_output(out_dir)
         return _compile_onnx(spec, cfg, preset, out_dir, weights, opset, optimize,
                              external_data, seed, kv_cache, strict, prec, quant, genai=genai,
-                             sym=sym)
-    if opset is not None or optimize is not None or external_data or kv_cache:
-        raise FgcError("--opset, --optimize, --external-data and --kv-cache are for --target "
-                       "onnx (the torch module has step())", None)
+                             sym=sym, outputs=outputs)
+    if opset is not None or optimize is not None or external_data or kv_cache or \
+            outputs is not None:
+        raise FgcError("--opset, --optimize, --external-data, --kv-cache and --outputs are for "
+                       "--target onnx (the torch module has step() and logits())", None)
     prepare_output(out_dir)  # refuse an unusable folder before the work, create it after
     from .backends.torch.codegen import Generator, Unsupported
     try:
@@ -381,7 +391,7 @@ def _lowered(spec, last_position: bool):
 
 
 def _compile_onnx(spec, cfg, preset, out_dir, weights, opset, optimize, external_data,
-                  seed, kv_cache, strict, prec, quant, genai, sym) -> Compiled:
+                  seed, kv_cache, strict, prec, quant, genai, sym, outputs=None) -> Compiled:
     if optimize not in (None, "none", "ort"):
         raise FgcError(f"unknown --optimize `{optimize}` (choose ort)", None)
     _check_room(cfg.total, _existing_ancestor(prepare_output(out_dir)), prec)
@@ -393,11 +403,11 @@ def _compile_onnx(spec, cfg, preset, out_dir, weights, opset, optimize, external
     with imported or contextlib.nullcontext():
         return _lower_onnx(spec, cfg, preset, out_dir, weights, opset, optimize,
                            external_data, seed, kv_cache, strict, imported, prec, quant,
-                           genai=genai, sym=sym)
+                           genai=genai, sym=sym, outputs=outputs)
 
 
 def _lower_onnx(spec, cfg, preset, out_dir, weights, opset, optimize, external_data, seed,
-                kv_cache, strict, imported, prec, quant, genai, sym) -> Compiled:
+                kv_cache, strict, imported, prec, quant, genai, sym, outputs=None) -> Compiled:
     from .backends.onnx.graph import PROTOBUF_LIMIT
     from .backends.onnx.lower import DEFAULT_OPSET, Lowerer, Unsupported
     # past protobuf's limit, less room for the graph, the weights go to model.onnx.data
@@ -410,7 +420,7 @@ def _lower_onnx(spec, cfg, preset, out_dir, weights, opset, optimize, external_d
                      optimize=None if optimize == "none" else optimize,
                      weights=imported.tensors if imported else None, seed=seed,
                      preset=preset, kv_cache=kv_cache, precision=prec, quantize=quant,
-                     genai=genai)
+                     genai=genai, outputs=outputs)
         model, blobs = lw.lower(DATA_FILE if external else None, stream=not external)
     except Unsupported as e:
         raise FgcError(f"the ONNX backend cannot lower this spec: {e}",

@@ -87,7 +87,7 @@ def run_segments(model, inputs: dict, segment: int | None = None,
     outputs = {}
     dims = {o["name"]: o["dims"] for o in sig.outputs}
     if sig.logits is not None:  # the logits are along the positions of what they give
-        dims[sig.logits["name"]] = dims.get(sig.logits["of"], [])
+        dims[sig.logits["name"]] = sig.logits.get("dims") or dims.get(sig.logits["of"], [])
     for name, values in pieces.items():
         along = dims.get(name, [])
         outputs[name] = lib.cat(values) if len(along) > 1 and along[1] == axis else last[name]

@@ -30,6 +30,9 @@ under the metadata key `fgc.signature`.
 - `outputs` are the spec's, in order (what the torch module's forward returns). `logits`
   names the extra output of the ONNX graph (and the torch module's `logits()`) that is
   the input of the final Softmax of a single output; null when there is none.
+  An ONNX graph compiled with `--outputs` lists those it computes (`select_outputs`);
+  where its logits are without the output they are of, `logits` has that output's
+  `dims` too.
 - `state`: outputs a caller feeds back as inputs at the next call (`Mem'` for `Mem`).
 - `max_length`: each run length's most, the configuration's value of its symbol.
 - `incremental`, for a model with the key/value-cache form (compiler/passes/incremental.py;
@@ -371,6 +374,32 @@ def at(form, values: dict):
     if isinstance(form, list):
         return [at(v, values) for v in form]
     return form
+
+
+def select_outputs(form: dict, names: list[str] | None) -> dict:
+    """The signature (form) of a graph that computes the outputs `names` alone (`fgc
+    compile --outputs`): some of the spec's outputs, and `logits` where the model has them
+    (generation reads nothing else, and then no final Softmax is computed). Outputs that
+    are the next call's state (`Mem'`) stay, as the cache's presents do; the rest go. An
+    FgcError names an output the model does not have."""
+    if names is None:
+        return form
+    logits = form["logits"]
+    known = [o["name"] for o in form["outputs"]] + ([logits["name"]] if logits else [])
+    for name in names:
+        if name not in known:
+            raise FgcError(f"--outputs: the model has no output `{name}` (its outputs: "
+                           f"{', '.join(f'`{k}`' for k in known)})", None)
+    if not names:
+        raise FgcError("--outputs names no output", None)
+    kept = set(names) | set(form["state"])
+    out = {**form, "outputs": [o for o in form["outputs"] if o["name"] in kept]}
+    if logits is None or logits["name"] not in kept:
+        out["logits"] = None
+    elif logits["of"] not in kept:  # the logits along the axes of what they are of
+        out["logits"] = {**logits, "dims": next(o["dims"] for o in form["outputs"]
+                                                if o["name"] == logits["of"])}
+    return out
 
 
 def signature(model: ir.Model, functions: dict[str, ir.Function], values: dict,

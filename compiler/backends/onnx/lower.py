@@ -46,7 +46,7 @@ from ...lowering.masks import site_kinds
 from ...lowering.precision import FLOAT32, Precision, in_float32
 from ...lowering.products import groups
 from ...lowering.rotary import Rotary, frequencies, rotary
-from ...lowering.signature import LOGITS, PAST, by_position, run_lengths, signature
+from ...lowering.signature import LOGITS, PAST, by_position, run_lengths, select_outputs, signature
 from ...names import family_layout, ident
 from ...passes import padding
 from ...passes.incremental import Incremental, derive
@@ -145,7 +145,7 @@ class Lowerer:
                  optimize: str | None = None, weights: dict | None = None, seed: int = 0,
                  preset: str | None = None, kv_cache: bool = False,
                  precision: Precision = FLOAT32, quantize: Quantization | None = None,
-                 genai: bool = False):
+                 genai: bool = False, outputs: list[str] | None = None):
         if not MIN_OPSET <= opset <= MAX_OPSET:
             raise Unsupported(f"opset {opset} is not supported; choose {MIN_OPSET} to "
                               f"{MAX_OPSET}")
@@ -176,6 +176,7 @@ class Lowerer:
         # the incremental form (kv_cache): past keys and values in, present ones out
         self.inc: Incremental | None = derive(cfg.model, cfg.functions) if kv_cache else None
         self.genai = genai  # onnxruntime-genai's names (lowering/signature.py, GENAI_NAMES)
+        self.selected = outputs  # the outputs computed (--outputs; None: all of them)
         if self.inc is not None and PAST in {h.name for h in self.model.hypers}:
             raise Unsupported(f"a hyperparameter named `{PAST}`: the incremental form's axis "
                               "of earlier positions has that name; rename the hyperparameter")
@@ -721,7 +722,9 @@ class Lowerer:
         dyn_syms = sequence_symbols(m, self.functions)
         # inputs, outputs, state, names of the run lengths and of the cache tensors: decided
         # in compiler/lowering/signature.py, stored whole as the metadata `fgc.signature`
-        self.signature = signature(m, self.functions, self.values, self.inc, self.genai)
+        self.signature = select_outputs(
+            signature(m, self.functions, self.values, self.inc, self.genai), self.selected)
+        computed = {o["name"] for o in self.signature["outputs"]}
         runtime_name = run_lengths(m, self.functions)
         if self.inc is not None:
             self.generated = self.signature["incremental"]["length"]
@@ -796,9 +799,21 @@ class Lowerer:
             else:
                 renamed[tensor] = name
 
+        extra = self.signature["logits"]
         for o in m.outputs:
             v = self.canonical(scope.vals[o.name])
             logits = self.logits_of.get(id(scope.vals[o.name]))
+            if extra is not None and extra["of"] == o.name:
+                # users train on the logits: the input of the final Softmax, as an output
+                # after it (or alone: with --outputs, the Softmax is not computed)
+                if logits is None:
+                    raise Unsupported(f"no Softmax computed `{o.name}`")
+                if o.name not in computed:
+                    output(logits.name, extra["name"])
+                    graph_outputs.append((extra["name"], "real", self.dims(logits)))
+                    continue
+            elif o.name not in computed:
+                continue
             if o.name in inputs_named:
                 # an output that is an input has the input's name: it is the input tensor,
                 # as it came (ids 0-based), and needs no node
@@ -808,11 +823,7 @@ class Lowerer:
                 v = V("int", v.roles, v.own, name=self.math(v))
             output(v.name, o.name)
             graph_outputs.append((o.name, v.dtype, self.dims(v)))
-            extra = self.signature["logits"]
             if extra is not None and extra["of"] == o.name:
-                # users train on the logits: the input of the final Softmax, as a 2nd output
-                if logits is None:
-                    raise Unsupported(f"no Softmax computed `{o.name}`")
                 output(logits.name, extra["name"])
                 graph_outputs.append((extra["name"], "real", self.dims(logits)))
         if self.inc is not None:
