@@ -10,8 +10,8 @@ one folder:
 
   * fgc float32: `fgc compile specs/llama.fgpt --set ... --weights FOLDER/model.safetensors
     --target onnx --kv-cache --last-position --outputs logits --external-data`; fgc int4:
-    the same with `--quantize int4`, standard and `--optimize ort`; run by `runtime.generate` (what
-    `fgc generate` does);
+    the same with `--quantize int4`, standard and `--optimize ort`; run by
+    `runtime.generate` (what `fgc generate` does);
   * the peer: `python -m onnxruntime_genai.models.builder -i FOLDER -p int4 -e cpu`, run by
     `og.Generator`, greedy.
 

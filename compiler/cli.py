@@ -1395,6 +1395,7 @@ def cmd_generate(args) -> int:
     if spec is None:
         return code
     from .errors import FgcError
+    from .lowering.signature import logits_alone
     from .passes.incremental import derive
     sym = _symbolic(spec)
     if sym is None:
@@ -1414,19 +1415,12 @@ def cmd_generate(args) -> int:
             weights=args.weights, opset=None, optimize=None, external_data=False, seed=0,
             kv_cache=cached and backend == "onnx" and not args.no_cache,
             last_position=cached and _cuts_at_last(sym),
-            outputs=_logits_alone(sym) if backend == "onnx" else None)
+            outputs=logits_alone(sym.model, sym.functions) if backend == "onnx" else None)
         with contextlib.redirect_stdout(io.StringIO()):  # "wrote ..." of a temporary folder
             code = cmd_compile(spec_args)
         if code != EXIT_OK:
             return code
         return _generate_dir(Path(tmp), args, prompt, stop, inputs)
-
-
-def _logits_alone(sym) -> list[str] | None:
-    """`--outputs logits` where the model has logits: generation reads nothing else, so
-    the graph computes no final Softmax."""
-    from .lowering.signature import LOGITS, logits_of
-    return [LOGITS] if logits_of(sym.model, sym.functions) is not None else None
 
 
 def _cuts_at_last(sym) -> bool:

@@ -269,12 +269,11 @@ def compile_spec(spec_path: str, out_dir: str, target: str = "torch", preset: st
     check_budget(spec, cfg, target, kv_cache)  # refuse what cannot finish, before any work
     sym = _lowered(spec, last_position)
     if target == "onnx":
-        if outputs is not None or genai:  # an output the model lacks: refused before any work
-            from .lowering.signature import select_outputs, signature_form
-            form = signature_form(sym.model, sym.functions)
-            if outputs is None and form["logits"] is not None:
-                outputs = [form["logits"]["name"]]  # onnxruntime-genai reads nothing else
-            select_outputs(form, outputs)
+        from .lowering.signature import logits_alone, select_outputs, signature_form
+        if genai and outputs is None:  # onnxruntime-genai reads the logits alone
+            outputs = logits_alone(sym.model, sym.functions)
+        if outputs is not None:  # an output the model lacks: refused before any work
+            select_outputs(signature_form(sym.model, sym.functions), outputs)
         prepare_output(out_dir)
         return _compile_onnx(spec, cfg, preset, out_dir, weights, opset, optimize,
                              external_data, seed, kv_cache, strict, prec, quant, genai=genai,

@@ -376,6 +376,12 @@ def at(form, values: dict):
     return form
 
 
+def logits_alone(model: ir.Model, functions: dict[str, ir.Function]) -> list[str] | None:
+    """`--outputs logits` where the model has logits (`logits_of`), else None: what a graph
+    for generation computes (`fgc generate SPEC`, onnxruntime-genai), with no Softmax."""
+    return [LOGITS] if logits_of(model, functions) is not None else None
+
+
 def select_outputs(form: dict, names: list[str] | None) -> dict:
     """The signature (form) of a graph that computes the outputs `names` alone (`fgc
     compile --outputs`): some of the spec's outputs, and `logits` where the model has them

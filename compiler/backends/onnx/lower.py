@@ -803,27 +803,21 @@ class Lowerer:
         for o in m.outputs:
             v = self.canonical(scope.vals[o.name])
             logits = self.logits_of.get(id(scope.vals[o.name]))
-            if extra is not None and extra["of"] == o.name:
-                # users train on the logits: the input of the final Softmax, as an output
-                # after it (or alone: with --outputs, the Softmax is not computed)
-                if logits is None:
-                    raise Unsupported(f"no Softmax computed `{o.name}`")
-                if o.name not in computed:
-                    output(logits.name, extra["name"])
-                    graph_outputs.append((extra["name"], "real", self.dims(logits)))
-                    continue
-            elif o.name not in computed:
-                continue
-            if o.name in inputs_named:
+            # users train on the logits: the input of the final Softmax, as an output after
+            # it (or alone, where --outputs leaves the Softmax out)
+            has_logits = extra is not None and extra["of"] == o.name
+            if has_logits and logits is None:
+                raise Unsupported(f"no Softmax computed `{o.name}`")
+            if o.name in inputs_named and o.name in computed:
                 # an output that is an input has the input's name: it is the input tensor,
                 # as it came (ids 0-based), and needs no node
                 graph_outputs.append((o.name, v.dtype, self.dims(v)))
-                continue
-            if v.dtype == "int":
-                v = V("int", v.roles, v.own, name=self.math(v))
-            output(v.name, o.name)
-            graph_outputs.append((o.name, v.dtype, self.dims(v)))
-            if extra is not None and extra["of"] == o.name:
+            elif o.name in computed:
+                if v.dtype == "int":
+                    v = V("int", v.roles, v.own, name=self.math(v))
+                output(v.name, o.name)
+                graph_outputs.append((o.name, v.dtype, self.dims(v)))
+            if has_logits:
                 output(logits.name, extra["name"])
                 graph_outputs.append((extra["name"], "real", self.dims(logits)))
         if self.inc is not None:
