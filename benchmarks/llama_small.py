@@ -36,6 +36,11 @@ contender is measured in as many processes as there are passes:
     `append_tokens`; transformers' `model(input_ids, use_cache=True, logits_to_keep=1)`,
     as its `generate` calls it); the last position's logits are compared with
     transformers';
+  * the graphs alone: the decoding steps of fgc's two graphs (and the ort graph on huge
+    pages) and of the builder's graph, all in one process, sharing onnxruntime's thread
+    pool, step k of every graph before step k + 1 of any: what the graphs cost, without
+    genai's loop or fgc's runtime around them, and without the drift that separates two
+    processes (several processes, each making the sessions in another order);
   * emit: wall time and peak memory (the process's maximum resident set) of `fgc compile`
     and of the builder, each as a whole process as a user runs it.
 
@@ -193,6 +198,149 @@ def fgc_worker(folder: str, threads: int) -> None:
         t0 = time.perf_counter()
         out = generate(model, req["ids"], req["new"])
         print(REPLY + json.dumps({"s": time.perf_counter() - t0, "ids": out}), flush=True)
+
+
+# ---------------------------------------------------------------- the graphs alone
+
+
+class Graph:
+    """How a decoding step feeds one graph, read from fgc's signature (its metadata) or
+    from the builder's genai_config.json: the token and mask inputs, the (past, present)
+    pairs and their shape, whether past and present share one buffer, the logits."""
+
+    def __init__(self, folder: Path):
+        import onnx
+
+        from runtime.signature import from_metadata
+        self.path = folder / "model.onnx"
+        graph = onnx.load(str(self.path), load_external_data=False)
+        sig = from_metadata({p.key: p.value for p in graph.metadata_props})
+        if sig is not None:
+            inc = sig.incremental
+            self.tokens, self.logits = inc["tokens"], sig.logits["name"]
+            self.mask = next(i["name"] for i in sig.inputs if i.get("pad"))
+            self.pairs = [(c["past"], c["present"]) for c in inc["cache"]]
+            self.heads, self.width = inc["cache"][0]["dims"][1], inc["cache"][0]["dims"][3]
+            self.shared = bool(inc.get("share_buffer"))
+            return
+        config = json.loads((folder / "genai_config.json").read_text())
+        dec, search = config["model"]["decoder"], config["search"]
+        self.tokens, self.mask = dec["inputs"]["input_ids"], dec["inputs"]["attention_mask"]
+        self.logits = dec["outputs"]["logits"]
+        self.pairs = [(dec["inputs"][f"past_{k}_names"] % layer,
+                       dec["outputs"][f"present_{k}_names"] % layer)
+                      for layer in range(dec["num_hidden_layers"]) for k in ("key", "value")]
+        self.heads, self.width = dec["num_key_value_heads"], dec["head_size"]
+        self.shared = bool(search["past_present_share_buffer"])
+
+
+def step_worker(request: str, threads: int) -> None:
+    """The subprocess that times the graphs alone, one decoding step at a time: every
+    graph in a session of this one process, all sharing onnxruntime's global thread pool
+    (a pool per session would keep its threads spinning while another session runs),
+    step k of every graph before step k + 1 of any, each step timed from binding its
+    token to the argmax of its logits. A throwaway session is made first: the first
+    session a process makes runs its steps 2-3 % slower, whatever graph it holds."""
+    import numpy as np
+    import onnxruntime as ort
+    from onnxruntime.capi import _pybind_state
+
+    from runtime.pages import onto_huge_pages
+    req = json.loads(request)
+    ort.set_default_logger_severity(3)
+    _pybind_state.set_global_thread_pool_sizes(threads, 1)
+
+    def session(path: Path):
+        opts = ort.SessionOptions()
+        opts.use_per_session_threads = False
+        opts.inter_op_num_threads = 1
+        return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+
+    graphs = [Graph(Path(g["folder"])) for g in req["graphs"]]
+    throwaway = session(graphs[0].path)  # noqa: F841 - kept, idle
+    sessions = []
+    for graph, g in zip(graphs, req["graphs"]):
+        if g["huge"]:
+            with onto_huge_pages():
+                sessions.append(session(graph.path))
+        else:
+            sessions.append(session(graph.path))
+    batch, prompt, new, room = req["batch"], req["prompt"], req["new"], req["prompt"] + req["new"]
+    ones = np.ones(batch * room, np.int64)
+    rounds, same = [], True
+    for r in range(req["rounds"]):
+        ids = np.random.default_rng([batch, r]).integers(0, SIZES["V"], (batch, prompt))
+        state = []
+        for graph, sess in zip(graphs, sessions):  # the prompt, untimed
+            bind = sess.io_binding()
+            for past, present in graph.pairs:
+                if graph.shared:
+                    value = ort.OrtValue.ortvalue_from_numpy(
+                        np.zeros((batch, graph.heads, room, graph.width), np.float32))
+                    bind.bind_ortvalue_input(past, value)
+                    bind.bind_ortvalue_output(present, value)
+                else:
+                    bind.bind_cpu_input(past, np.zeros((batch, graph.heads, 0, graph.width),
+                                                       np.float32))
+                    bind.bind_output(present)
+            bind.bind_cpu_input(graph.tokens, ids)
+            bind.bind_cpu_input(graph.mask, ones[:batch * prompt].reshape(batch, prompt))
+            bind.bind_output(graph.logits)
+            sess.run_with_iobinding(bind)
+            outs = bind.get_outputs()
+            pasts = None if graph.shared else outs[:len(graph.pairs)]
+            picked = outs[-1].numpy()[:, -1].argmax(-1)
+            logits = np.empty((batch, 1, SIZES["V"]), np.float32)
+            bind.bind_ortvalue_output(graph.logits, ort.OrtValue.ortvalue_from_numpy(logits))
+            state.append([bind, pasts, logits, picked])
+        seconds = [0.0] * len(graphs)
+        for k in range(new):
+            order = range(len(graphs)) if (k + r) % 2 == 0 else reversed(range(len(graphs)))
+            for j in order:
+                graph, sess, (bind, pasts, logits, picked) = graphs[j], sessions[j], state[j]
+                t0 = time.perf_counter()
+                bind.bind_cpu_input(graph.tokens, picked[:, None].astype(np.int64))
+                width = prompt + k + 1
+                bind.bind_cpu_input(graph.mask, ones[:batch * width].reshape(batch, width))
+                if pasts is not None:  # the last step's presents: this one's pasts
+                    for (past, present), value in zip(graph.pairs, pasts):
+                        bind.bind_ortvalue_input(past, value)
+                        bind.bind_output(present)
+                sess.run_with_iobinding(bind)
+                if pasts is not None:
+                    state[j][1] = bind.get_outputs()[:len(graph.pairs)]
+                state[j][3] = logits[:, -1].argmax(-1)
+                seconds[j] += time.perf_counter() - t0
+            same &= all((s[3] == state[0][3]).all() for s in state)
+        rounds.append([t / new for t in seconds])
+    print(REPLY + json.dumps({"rounds": rounds, "same": bool(same)}), flush=True)
+
+
+def graph_steps(folders: dict[str, Path], huge: tuple[str, str], threads: int, batch: int,
+                prompt: int, new: int, passes: int, rounds: int
+                ) -> tuple[list[dict[str, float]], bool]:
+    """Each round's seconds per step of every graph, and `huge` = (name, of): a second
+    session of graph `of` on huge pages; from `passes` worker processes, each making the
+    sessions in another order; and whether all picked the same ids."""
+    names = list(folders) + [huge[0]]
+    out, same = [], True
+    for p in range(passes):
+        order = names[p % len(names):] + names[:p % len(names)]
+        graphs = [{"folder": str(folders[huge[1] if n == huge[0] else n]),
+                   "huge": n == huge[0]} for n in order]
+        request = json.dumps({"graphs": graphs, "batch": batch, "prompt": prompt,
+                              "new": new, "rounds": rounds})
+        done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--step-worker",
+                               request, "--threads", str(threads)], capture_output=True,
+                              text=True, cwd=str(ROOT))
+        reply = next((json.loads(line[len(REPLY):]) for line in done.stdout.splitlines()
+                      if line.startswith(REPLY)), None)
+        if reply is None:
+            raise SystemExit(f"the step worker stopped (exit {done.returncode}):\n"
+                             + "\n".join(done.stderr.strip().splitlines()[-6:]))
+        out += [dict(zip(order, seconds)) for seconds in reply["rounds"]]
+        same &= reply["same"]
+    return out, same
 
 
 class Worker:
@@ -406,7 +554,10 @@ def main() -> None:
     ap = decoding_arguments(__doc__, MARK)
     ap.add_argument("--genai-worker", help=argparse.SUPPRESS)
     ap.add_argument("--fgc-worker", help=argparse.SUPPRESS)
+    ap.add_argument("--step-worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.step_worker:
+        return step_worker(args.step_worker, args.threads)
     if args.genai_worker:
         return genai_worker(args.genai_worker, args.threads)
     if args.fgc_worker:
@@ -415,6 +566,7 @@ def main() -> None:
     new = args.new or (16 if quick else 64)
     # (passes, warm-up calls per block, timed calls per block)
     decode_plan, prefill_plan = ((1, 0, 1), (1, 1, 2)) if quick else ((5, 1, 3), (3, 1, 3))
+    steps_plan = (1, 1) if quick else (4, 5)  # the graphs alone: (processes, rounds in each)
     emit_reps = 1 if quick else 3
     load_before, started = os.getloadavg()[0], time.perf_counter()
     if load_before > 0.5:
@@ -577,6 +729,17 @@ def main() -> None:
         for w in workers.values():
             w.close()
 
+        # -- the graphs alone, step by step in one process
+        step_rows = []
+        for batch in args.batches:
+            log(f"the graphs alone, batch {batch} ...")
+            rounds, same = graph_steps({k: outs[k] for k in (STD, OPT, GENAI)}, (OPTHP, OPT),
+                                       threads, batch, args.prompt, new, *steps_plan)
+            step_rows.append((batch, rounds, same))
+            log(f"B={batch}: " + ", ".join(
+                f"{k} {statistics.median(r[k] for r in rounds) * 1000:.2f} ms"
+                for k in rounds[0]) + f"; same ids: {same}")
+
     # -- report
     load_after = os.getloadavg()[0]
     log(f"whole run {time.perf_counter() - started:.0f} s; 1-minute load average "
@@ -622,6 +785,27 @@ def main() -> None:
               f"{load_s[STD]:.2f} s, fgc ort {load_s[OPT]:.2f} s, fgc ort with huge pages "
               f"{load_s[OPTHP]:.2f} s (range {min(loads[OPTHP]):.2f}–{max(loads[OPTHP]):.2f} "
               f"s), the builder's graph in genai {load_s[GENAI]:.2f} s."]
+    processes, reps = steps_plan
+    alone = [STD, OPT, OPTHP]
+    lines += ["", "The graphs alone, one decoding step (the same prompts and steps): every "
+              "graph in an onnxruntime session of one process, all sessions sharing one "
+              "thread pool, step k of every graph before step k + 1 of any, so that the "
+              "machine's drift falls on all alike; neither genai's loop nor fgc's runtime "
+              f"around them. Milliseconds per step, median of "
+              f"{processes * reps} rounds in {processes} processes (each making the sessions "
+              "in another order), and the builder's step over each graph's, the median of "
+              "the ratios within a round (first to third quartile):", "",
+              "| batch | fgc ONNX | fgc ONNX, `--optimize ort` | the same, huge pages | "
+              "the builder's graph | builder / fgc | builder / fgc ort | "
+              "builder / fgc ort, huge pages | same ids |",
+              "|---:|---:|---:|---:|---:|---:|---:|---:|:---:|"]
+    for batch, rounds, same in step_rows:
+        ms = {k: statistics.median(r[k] for r in rounds) * 1000 for k in rounds[0]}
+        ratio = {k: (paired(rounds, k, GENAI), *spread(rounds, k, GENAI)) for k in alone}
+        lines.append(f"| {batch} | " + " | ".join(f"{ms[k]:.2f}" for k in alone + [GENAI])
+                     + " | " + " | ".join(f"{m:.3f}× ({a:.3f}–{b:.3f})"
+                                          for m, a, b in (ratio[k] for k in alone))
+                     + f" | {'yes' if same else 'NO'} |")
     passes, _, reps = prefill_plan
     lines += ["", f"Prefill: one forward pass over 1 × {args.prefill} ids as generation "
               "starts, the last position's logits and the key/value cache (fgc's graphs "

@@ -1409,6 +1409,8 @@ def cmd_generate(args) -> int:
         if not args.no_cache and not state_pairs(sym.model):
             print(f"note: {e.diagnostics[0].message}; every step recomputes the prefix")
     backend = args.backend or "onnx"
+    if args.huge_pages and backend == "torch":
+        return _huge_pages_torch()
     with tempfile.TemporaryDirectory(prefix="fgc-generate-") as tmp:
         spec_args = argparse.Namespace(
             file=str(target), out=tmp, target=backend, preset=args.preset, set=args.set,
@@ -1421,6 +1423,12 @@ def cmd_generate(args) -> int:
         if code != EXIT_OK:
             return code
         return _generate_dir(Path(tmp), args, prompt, stop, inputs)
+
+
+def _huge_pages_torch() -> int:
+    print("fgc: error: --huge-pages is for an ONNX model (onnxruntime's CPU session), not "
+          "the PyTorch module", file=sys.stderr)
+    return EXIT_USAGE
 
 
 def _cuts_at_last(sym) -> bool:
@@ -1477,6 +1485,8 @@ def _generate_dir(folder, args, prompt, stop, inputs) -> int:
             _print_pages(model)
             cached, state = bool(model.incremental), bool(model.state)
         elif (folder / "model.py").is_file():
+            if args.huge_pages:
+                return _huge_pages_torch()
             model, module = _torch_model(folder)
             cached = callable(getattr(model, "step", None))
             state = bool(model.signature().get("state")) if hasattr(model, "signature") \

@@ -111,3 +111,14 @@ def test_a_cpu_session_on_huge_pages_computes_the_same(tmp_path, monkeypatch):
     assert plain.returncode == huge.returncode == 0, huge.stderr
     assert plain.stdout.splitlines()[-1] == huge.stdout.splitlines()[-1]
     assert "on 2 MiB pages" not in plain.stdout
+
+
+def test_huge_pages_with_the_torch_backend_is_refused():
+    """--huge-pages moves onnxruntime's session: asked of the PyTorch module (a SPEC with
+    --backend torch), a usage error before anything is compiled, not a flag ignored."""
+    from conftest import fgc
+    done = fgc("generate", "specs/gpt2.fgpt", "--set", "L=1", "--set", "H=64", "--set", "A=2",
+               "--set", "V=64", "--set", "n=16", "--backend", "torch", "--prompt-ids", "1,2",
+               "--max-new-tokens", "2", "--huge-pages")
+    assert done.returncode == 2, done.stderr
+    assert "--huge-pages is for an ONNX model" in done.stderr and "Traceback" not in done.stderr
