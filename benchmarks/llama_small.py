@@ -248,6 +248,8 @@ def step_worker(request: str, threads: int) -> None:
     from runtime.pages import onto_huge_pages
     req = json.loads(request)
     ort.set_default_logger_severity(3)
+    # (onnxruntime's process-wide pool, set before any session is made; its Python binding
+    # has no public name for it)
     _pybind_state.set_global_thread_pool_sizes(threads, 1)
 
     def session(path: Path):
