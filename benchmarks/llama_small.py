@@ -90,11 +90,6 @@ CLI = "import sys; from compiler.cli import main; sys.exit(main())"
 TOL = 1e-3  # max abs difference allowed between any prefill's last logits and transformers'
 COMPILE_TRIES, COMPILE_WAIT_S = 5, 30  # the compiler is edited concurrently: retry, not fail
 REPLY = "@@ "  # the genai worker's protocol lines on its stdout; anything else is its noise
-# seconds of quiet before each timed run: after a run, onnxruntime's intra-op threads (and
-# torch's OpenMP ones) spin for tens of milliseconds waiting for more work, taking a core
-# from whatever runs next, in this process or another (a 1 x 128 prefill right after
-# another session's ran 1.4x slower on 2 cores; 50 ms of quiet was enough)
-SETTLE_S = 0.1
 
 
 def log(msg: str) -> None:
@@ -495,8 +490,9 @@ def alternate(runs: dict, passes: int, warm: int, reps: int, fresh=None
     every run (rotated again) is timed once; a run returning a number of seconds (a worker
     times itself) is taken at its word. The runs of a round follow each other within
     seconds: a shared machine's speed drifts less between them than between blocks of one
-    contender's runs. Each timed run starts after SETTLE_S of quiet. `fresh()`, where
+    contender's runs. Each timed run starts after readme.settle()'s quiet. `fresh()`, where
     given, is called before each pass but the first (new worker processes)."""
+    from readme import settle
     times: dict[str, list[float]] = {name: [] for name in runs}
     rounds: list[dict[str, float]] = []
     names = list(runs)
@@ -510,7 +506,7 @@ def alternate(runs: dict, passes: int, warm: int, reps: int, fresh=None
             k = (p + r) % len(names)
             this: dict[str, float] = {}
             for name in names[k:] + names[:k]:
-                time.sleep(SETTLE_S)
+                settle()
                 t0 = time.perf_counter()
                 own = runs[name]()
                 this[name] = own if isinstance(own, float) else time.perf_counter() - t0

@@ -5,7 +5,8 @@ specs/llama.fgpt with one SwiGLU of width K·F: the same attention, the same par
 active at each position (the router's H·E aside), so a sparse dispatch that computes only
 the chosen experts should cost about as much as the dense net. Both are compiled by fgc
 from random weights, to PyTorch and to ONNX (onnxruntime, CPU); each point alternates the
-two models with warm-up and reports the median time of a forward pass, and the ratio
+models with warm-up (each timed run after readme.settle()'s quiet, while the last run's
+threads stop spinning) and reports the median time of a forward pass, and the ratio
 Mixtral / dense (the target: at most 1.5×). A third column runs the same MoE computing all E
 experts densely (its equations, `MoE` redefined in the spec), to show what sparsity saves.
 The table names the CPU.
@@ -69,7 +70,7 @@ def main() -> None:
     os.environ["FGC_BENCH_THREADS"] = str(args.threads)
 
     import torch
-    from readme import cpu_name, publish
+    from readme import cpu_name, publish, settle
 
     torch.set_num_threads(args.threads)
     tmp = tempfile.TemporaryDirectory()
@@ -100,6 +101,7 @@ def main() -> None:
                         f(x)
                 for _ in range(args.reps):
                     for k, f in runs.items():
+                        settle()
                         t0 = time.perf_counter()
                         f(x)
                         times[k].append(time.perf_counter() - t0)

@@ -1,13 +1,25 @@
-"""Writing a benchmark's table into README.md between its <!-- name --> markers, and what the
-tables say about the machine."""
+"""Writing a benchmark's table into README.md between its <!-- name --> markers, what the
+tables say about the machine, and the quiet a timed run starts after."""
 
 from __future__ import annotations
 
 import platform
 import re
+import time
 from pathlib import Path
 
 README = Path(__file__).resolve().parent.parent / "README.md"
+# seconds of quiet before each timed run of contenders that alternate: after a run,
+# onnxruntime's intra-op threads (and torch's OpenMP ones) spin for tens of milliseconds
+# waiting for more work, taking a core from whatever runs next, in this process or another
+# (on 2 cores a 1 x 128 prefill right after another session's took 1.4x as long; 50 ms of
+# quiet was enough)
+SETTLE_S = 0.1
+
+
+def settle() -> None:
+    """Quiet before a timed run: the last contender's threads stop spinning."""
+    time.sleep(SETTLE_S)
 
 
 def write_block(mark: str, table: str, after: str | None = None) -> None:
