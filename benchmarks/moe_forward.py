@@ -42,17 +42,19 @@ def dense_moe() -> str:
 
 
 def build(folder: Path, name: str, spec: Path, sets: dict, target: str):
+    """A forward pass to the logits: the torch module's logits(), or the ONNX graph
+    compiled with the logits alone (`--outputs logits`), its padding mask left at none."""
     from compiler.emit import compile_spec
     out = folder / name
-    compile_spec(str(spec), str(out), target, None, sets=sets)
-    if target == "onnx":
-        import onnxruntime as ort
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = int(os.environ["FGC_BENCH_THREADS"])
-        session = ort.InferenceSession(str(out / "model.onnx"), options,
-                                       providers=["CPUExecutionProvider"])
-        feed = session.get_inputs()[0].name
-        return lambda x: session.run(None, {feed: x.numpy()})[0]
+    onnx = target == "onnx"
+    compile_spec(str(spec), str(out), target, None, sets=sets,
+                 outputs=["logits"] if onnx else None)
+    if onnx:
+        from runtime import load
+        model = load(out, provider="cpu", threads=int(os.environ["FGC_BENCH_THREADS"]),
+                     cache=False, quiet=True)
+        feed = model.inputs[0]["name"]
+        return lambda x: model.session.run(["logits"], model.check({feed: x.numpy()}))[0]
     found = importlib.util.spec_from_file_location(f"fgc_{name}", out / "model.py")
     module = importlib.util.module_from_spec(found)
     sys.modules[found.name] = module
