@@ -6,8 +6,7 @@ transformers model's, imported into both fgc backends through `--weights`. Same 
 (float32), same thread count, same prompts; every run makes exactly N new ids after a
 P-id prompt (no stop id), and the three must produce the same ids. Tokens per second are
 batch × N over the wall time of the whole call (the prompt's prefill included), median
-of the repetitions, the runs alternating (each after readme.settle()'s quiet, while the
-last run's threads stop spinning), after one untimed run each (in which the torch
+of the repetitions, the runs alternating, after one untimed run each (in which the torch
 module's `project` times its two CPU kernels at each new shape and keeps the faster; the
 table says which it kept per token, at one row per sequence). Every table names the CPU.
 
@@ -45,7 +44,7 @@ def main() -> None:
 
     import onnxruntime
     import torch
-    from readme import cpu_name, kernel_cache, kernels, publish, settle
+    from readme import cpu_name, kernel_cache, kernels, publish
     from safetensors.torch import load_file, save_file
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -92,7 +91,6 @@ def main() -> None:
         times: dict[str, list[float]] = {name: [] for name in runs}
         for _ in range(args.reps):
             for name, fn in runs.items():
-                settle()
                 t0 = time.perf_counter()
                 fn(x)
                 times[name].append(time.perf_counter() - t0)

@@ -5,8 +5,10 @@ specs/llama.fgpt with one SwiGLU of width K·F: the same attention, the same par
 active at each position (the router's H·E aside), so a sparse dispatch that computes only
 the chosen experts should cost about as much as the dense net. Both are compiled by fgc
 from random weights, to PyTorch and to ONNX (onnxruntime, CPU); each point alternates the
-models with warm-up (each timed run after readme.settle()'s quiet, while the last run's
-threads stop spinning) and reports the median time of a forward pass, and the ratio
+models with warm-up (each timed run right after an untimed one of the same model: the
+last model's onnxruntime threads spin for tens of milliseconds after its run, and would
+take a core from the first run after it) and reports the median time of a forward pass,
+and the ratio
 Mixtral / dense (the target: at most 1.5×). A third column runs the same MoE computing all E
 experts densely (its equations, `MoE` redefined in the spec), to show what sparsity saves.
 The table names the CPU.
@@ -72,7 +74,7 @@ def main() -> None:
     os.environ["FGC_BENCH_THREADS"] = str(args.threads)
 
     import torch
-    from readme import cpu_name, publish, settle
+    from readme import cpu_name, publish
 
     torch.set_num_threads(args.threads)
     tmp = tempfile.TemporaryDirectory()
@@ -103,7 +105,7 @@ def main() -> None:
                         f(x)
                 for _ in range(args.reps):
                     for k, f in runs.items():
-                        settle()
+                        f(x)  # untimed: the last model's threads stop spinning meanwhile
                         t0 = time.perf_counter()
                         f(x)
                         times[k].append(time.perf_counter() - t0)
