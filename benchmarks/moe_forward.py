@@ -5,9 +5,9 @@ specs/llama.fgpt with one SwiGLU of width K·F: the same attention, the same par
 active at each position (the router's H·E aside), so a sparse dispatch that computes only
 the chosen experts should cost about as much as the dense net. Both are compiled by fgc
 from random weights, to PyTorch and to ONNX (onnxruntime, CPU); each point alternates the
-models with warm-up (each timed run right after an untimed one of the same model: the
-last model's onnxruntime threads spin for tens of milliseconds after its run, and would
-take a core from the first run after it) and reports the median time of a forward pass,
+models with warm-up (each timed run after readme.settle()'s quiet, in which the last
+model's onnxruntime threads stop spinning, and right after an untimed run of the same
+model, which warms what the quiet let cool) and reports the median time of a forward pass,
 and the ratio
 Mixtral / dense (the target: at most 1.5×). A third column runs the same MoE computing all E
 experts densely (its equations, `MoE` redefined in the spec), to show what sparsity saves.
@@ -74,7 +74,7 @@ def main() -> None:
     os.environ["FGC_BENCH_THREADS"] = str(args.threads)
 
     import torch
-    from readme import cpu_name, publish
+    from readme import cpu_name, publish, settle
 
     torch.set_num_threads(args.threads)
     tmp = tempfile.TemporaryDirectory()
@@ -105,7 +105,8 @@ def main() -> None:
                         f(x)
                 for _ in range(args.reps):
                     for k, f in runs.items():
-                        f(x)  # untimed: the last model's threads stop spinning meanwhile
+                        settle()  # the last model's threads stop spinning,
+                        f(x)  # and an untimed run warms this one's
                         t0 = time.perf_counter()
                         f(x)
                         times[k].append(time.perf_counter() - t0)

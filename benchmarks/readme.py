@@ -13,9 +13,9 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 # onnxruntime's intra-op threads (and torch's OpenMP ones) spin for tens of milliseconds
 # waiting for more work, taking a core from whatever runs next, in this process or another
 # (on 2 cores a 1 x 128 prefill right after another session's took 1.4x as long; 50 ms of
-# quiet was enough). The quiet costs a run of a few milliseconds more than it saves (the
-# machine is cold after it: a torch forward pass of 8 ms took 16), so such runs follow an
-# untimed run of their own instead (moe_forward.py).
+# quiet was enough). After it the machine is cold (a torch forward pass of 8 ms took 16):
+# a timed run of a few milliseconds follows the quiet and an untimed run of its own
+# (moe_forward.py).
 SETTLE_S = 0.1
 
 
