@@ -7,10 +7,10 @@ the chosen experts should cost about as much as the dense net. Both are compiled
 from random weights, to PyTorch and to ONNX (onnxruntime, CPU); each point alternates the
 models with warm-up (each timed run after readme.settle()'s quiet, in which the last
 model's onnxruntime threads stop spinning, and right after an untimed run of the same
-model, which warms what the quiet let cool) and reports the median time of a forward pass,
-and the ratio
-Mixtral / dense (the target: at most 1.5×). A third column runs the same MoE computing all E
-experts densely (its equations, `MoE` redefined in the spec), to show what sparsity saves.
+model, which warms what the quiet let cool) and reports the median time of a forward pass
+and the ratio Mixtral / dense (the target: at most 1.5×). A third column runs the same MoE
+computing all E experts densely (its equations, `MoE` redefined in the spec), to show what
+sparsity saves.
 The table names the CPU.
 
     python benchmarks/moe_forward.py [--threads N] [--reps 20] [--write-readme]
