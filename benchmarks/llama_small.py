@@ -209,12 +209,10 @@ class Graph:
     pairs and their shape, whether past and present share one buffer, the logits."""
 
     def __init__(self, folder: Path):
-        import onnx
-
+        from runtime.session import check_model_file
         from runtime.signature import from_metadata
         self.path = folder / "model.onnx"
-        graph = onnx.load(str(self.path), load_external_data=False)
-        sig = from_metadata({p.key: p.value for p in graph.metadata_props})
+        sig = from_metadata(check_model_file(self.path).metadata)
         if sig is not None:
             inc = sig.incremental
             self.tokens, self.logits = inc["tokens"], sig.logits["name"]
