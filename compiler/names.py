@@ -204,17 +204,20 @@ def safe_name(path: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", Path(path).name) or "spec"
 
 
-def family_layout(dims: list, family):
+def family_layout(dims: list, family, first: bool = False):
     """How an indexed family of parameters is stored: one tensor, the family axis just
     before the member's last axis. W_i^Q ∈ R^{H×D} for i in 1..A is (H, A, D), so
-    X @ W^Q for every head at once is one matrix product with the (H, A·D) view."""
-    at = family_axis(len(dims))
+    X @ W^Q for every head at once is one matrix product with the (H, A·D) view. A family
+    read one member at a time (`first`, ir.Param.members_first: MoE's experts) has the
+    family axis first, W_e^gate ∈ R^{H×F} for e in 1..E as (E, H, F): each member is
+    one contiguous matrix."""
+    at = family_axis(len(dims), first)
     return dims[:at] + [family] + dims[at:]
 
 
-def family_axis(rank: int) -> int:
+def family_axis(rank: int, first: bool = False) -> int:
     """Where family_layout puts the family axis among a member's `rank` axes."""
-    return rank - 1 if rank >= 2 else 0
+    return rank - 1 if rank >= 2 and not first else 0
 
 
 def layers_attr(index: int) -> str:

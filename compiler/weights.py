@@ -652,14 +652,15 @@ def _layers_of(entry: Entry, cfg) -> list[int | None]:
 def _expected(entry: Entry) -> tuple[int, ...]:
     dims = [as_int(d) for d in entry.shape]
     if entry.family is not None:
-        dims = family_layout(dims, as_int(entry.family))
+        dims = family_layout(dims, as_int(entry.family), entry.members_first)
     return tuple(dims)
 
 
 def _apply(step: S.CkptStep, x: np.ndarray, family: int | None, source: str,
-           size=None) -> np.ndarray:
+           size=None, first: bool = False) -> np.ndarray:
     """One step on a tensor (or on a stand-in of its shape); `size` evaluates a size
-    expression at this configuration (`slice`'s ends)."""
+    expression at this configuration (`slice`'s ends); `first`: the target family is
+    stored with its axis first (names.family_layout)."""
     args = step.args
     if step.name == "slice":
         if len(args) != 2 or not isinstance(args[0], int) or \
@@ -701,8 +702,8 @@ def _apply(step: S.CkptStep, x: np.ndarray, family: int | None, source: str,
         shape = list(x.shape)
         shape[axis: axis + 1] = [family, shape[axis] // family]
         x = x.reshape(shape)
-        # stored with the family axis just before the member's last axis (family_layout)
-        return np.moveaxis(x, axis, max(x.ndim - 2, 0))
+        # stored with the family axis where family_layout puts it
+        return np.moveaxis(x, axis, family_axis(x.ndim - 1, first))
     if step.name == "take":
         if len(args) != 2:
             raise FgcError("take takes (axis, index), 1-based", step.span)
@@ -796,7 +797,8 @@ def _import(cfg, checkpoint: S.Checkpoint | None, ckpt: Checkpoint | Shards | To
         return None
 
     def read(source: str, steps: list[S.CkptStep], expected: tuple[int, ...],
-             family: int | None, spec_name: str, layer: int | None, span) -> Lazy | None:
+             family: int | None, spec_name: str, layer: int | None, span,
+             first: bool = False) -> Lazy | None:
         """One checkpoint tensor through its steps, checked against `expected`, as a Lazy
         tensor that reads it when materialized; None (and the error noted) when it is
         missing or does not fit."""
@@ -811,7 +813,7 @@ def _import(cfg, checkpoint: S.Checkpoint | None, ckpt: Checkpoint | Shards | To
         x = np.broadcast_to(np.uint8(0), info.shape)
         try:
             for step in steps:
-                x = _apply(step, x, family, source, size)
+                x = _apply(step, x, family, source, size, first)
         except FgcError as e:
             errors.extend(e.diagnostics)
             problems.extend(("mis-shaped", found) for _ in e.diagnostics)
@@ -843,7 +845,7 @@ def _import(cfg, checkpoint: S.Checkpoint | None, ckpt: Checkpoint | Shards | To
                 x = ckpt.read(found).astype(np.float32, copy=False)
                 out.scan(found, x)
             for step in rest:
-                x = _apply(step, x, family, source, size)
+                x = _apply(step, x, family, source, size, first)
             return x
         return Lazy(x.shape, make)
 
@@ -881,9 +883,11 @@ def _import(cfg, checkpoint: S.Checkpoint | None, ckpt: Checkpoint | Shards | To
                 xs = [read(source.replace(f"{{{var}}}", str(k)), steps, member, None,
                            spec_name, layer, span) for k in range(family)]
                 if all(x is not None for x in xs):
-                    out.tensors[target] = stacked(xs, family_axis(len(member)))
+                    out.tensors[target] = stacked(
+                        xs, family_axis(len(member), entry.members_first))
                 continue
-            x = read(source, steps, expected, family, spec_name, layer, span)
+            x = read(source, steps, expected, family, spec_name, layer, span,
+                     entry.members_first)
             if x is not None:
                 out.tensors[target] = x
     for (name, axis), parts in read_parts.items():

@@ -128,7 +128,9 @@ def _flops(tmp_path: Path, E: int, K: int) -> int:
     r = fgc("compile", str(spec), "--target", "torch", "-o", str(out))
     assert r.returncode == 0, r.stderr
     model = module(out)
-    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+    # recording gradients: project() takes the plain product, which the counter counts (in
+    # inference it may pick oneDNN's inner product, which it does not)
+    with torch.enable_grad(), FlopCounterMode(display=False) as counter:
         model(tokens(50, 16, B=4))
     return counter.get_total_flops()
 
@@ -158,6 +160,34 @@ def test_the_onnx_graphs_run_each_expert_on_its_positions_only(tmp_path):
     moe = [n for n in graph.node if n.op_type == "MoE"]
     assert len(moe) == 1 and moe[0].domain == "com.microsoft"
     assert "NonZero" not in {n.op_type for n in graph.node}
+
+
+def test_the_experts_are_stored_one_contiguous_matrix_each(tmp_path):
+    """The standard library's MoE reads its experts one at a time: both backends store the
+    families with the expert axis first, gate and up (E, H, F), down (E, F, H); a spec's
+    own mixture keeps the family layout every other family has, (H, E, F)."""
+    import onnx
+    spec = tmp_path / "moe.fgpt"
+    spec.write_text(MOE.format(E=4, K=2))
+    for target in ("torch", "onnx"):
+        r = fgc("compile", str(spec), "--target", target, "-o", str(tmp_path / target))
+        assert r.returncode == 0, r.stderr
+    params = dict(module(tmp_path / "torch").named_parameters())
+    graph = onnx.load(str(tmp_path / "onnx" / "model.onnx")).graph
+    stored = {i.name: tuple(i.dims) for i in graph.initializer}
+    for name, shape in (("W_gate", (4, 32, 64)), ("W_up", (4, 32, 64)),
+                        ("W_down", (4, 64, 32))):
+        assert tuple(params[f"moe_.{name}"].shape) == shape
+        assert stored[f"moe_/{name}"] == shape
+    own = tmp_path / "own.fgpt"
+    stdlib = (Path(__file__).parents[1] / "compiler" / "stdlib" / "stdlib.fgpt").read_text()
+    start = stdlib.index("module MoE[")
+    own.write_text(stdlib[start:stdlib.index("\n}\n", start) + 3]
+                   + MOE.format(E=4, K=2))
+    r = fgc("compile", str(own), "--target", "torch", "-o", str(tmp_path / "own"))
+    assert r.returncode == 0, r.stderr
+    assert tuple(dict(module(tmp_path / "own").named_parameters())["moe_.W_gate"].shape) \
+        == (32, 4, 64)
 
 
 def test_choices_beyond_the_experts_are_a_located_error(tmp_path):

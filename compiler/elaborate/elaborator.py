@@ -27,6 +27,7 @@ from ..errors import Diagnostic, FgcError, Span
 from ..syntax import nodes as S
 from ..syntax.nodes import MAX_MAGNITUDE
 from . import ir
+from .intrinsics import intrinsic
 from .ir import Ell, Eqn, Guard, Operand, TensorType, Value, format_dim
 from .primitives import (
     BINARY_OPS,
@@ -1738,6 +1739,9 @@ class _ModuleElaborator(_Body):
         _name_instances(fn.eqns, top)
         top.functions.pop(mod.name + "\0partial", None)
         fn.builtin = mod.span.file.endswith("stdlib.fgpt")
+        fused = intrinsic(fn)
+        for p in fn.params:
+            p.members_first = fused is not None and p.name in fused.members_first
         return fn
 
     def declare_param(self, p: S.ParamDecl) -> ir.Param:

@@ -52,6 +52,9 @@ class Intrinsic:
     rotated: str | None = None
     interleaved: bool = False
     scaling: str = "none"
+    # parameter families the fused form reads one member at a time, each member a
+    # contiguous matrix: stored with the family axis first (names.family_layout)
+    members_first: tuple[str, ...] = ()
 
 
 INTRINSICS: dict[str, Intrinsic] = {i.name: i for i in (
@@ -73,7 +76,7 @@ INTRINSICS: dict[str, Intrinsic] = {i.name: i for i in (
     Intrinsic("OneHot^mat", "onehot", positionwise=True),
     Intrinsic("Concat", "concat"),
     Intrinsic("MoE", "moe", params=("W^router", "W^gate", "W^up", "W^down"),
-              positionwise=True, chosen="K"),
+              positionwise=True, chosen="K", members_first=("W^gate", "W^up", "W^down")),
     Intrinsic("RoPE", "rotary"),
     Intrinsic("RoPE^partial", "rotary", rotated="r"),
     Intrinsic("RoPE^interleaved", "rotary", interleaved=True),

@@ -322,6 +322,9 @@ class Param(_Base):
     span: Span | None = None
     declared: str = ""  # the name as written
     init: str = "normal"  # normal | zeros | ones: how it starts when no weights are given
+    # a family stored with its axis first (names.family_layout): set for the families an
+    # intrinsic reads one member at a time (intrinsics.Intrinsic.members_first)
+    members_first: bool = False
 
 
 class Hyper(_Base):

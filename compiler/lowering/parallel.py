@@ -174,7 +174,7 @@ class _Walk:
             if o.member is not None and not isinstance(o.member, str):
                 self.undo.add(str(fam))  # a member by number: the family stays whole
                 return None
-            self._split(o.name, family_axis(len(p.type.shape)), fam)
+            self._split(o.name, family_axis(len(p.type.shape), p.members_first), fam)
             return ("fam", str(fam))
         s = self.plan.splits.get(o.name)
         if s is None:

@@ -35,6 +35,7 @@ class Entry:
     layers: Poly | None = None  # the layer copies alone (copies without family members)
     loop: int = 0  # which `layers` block (0 for the first) when in_layers
     module: str = ""  # the module declaring it ("": the model)
+    members_first: bool = False  # a family stored with its axis first (ir.Param's)
 
     def __post_init__(self) -> None:
         if self.layers is None:
@@ -123,7 +124,7 @@ def _instance(functions, module: str, bindings: dict, path: tuple[str, ...], lay
         family = p.type.family.subs(env) if p.type.family is not None else None
         entries.append(Entry(path, p.name, p.declared, shape, family, _numel(shape, family),
                              layers * members, in_layers, shared, list(guards), p.span,
-                             layers=layers, module=module))
+                             layers=layers, module=module, members_first=p.members_first))
     seen: set[str] = set()
     for e in fn.eqns:
         if e.op != "call" or e.attrs["instance"] in seen:

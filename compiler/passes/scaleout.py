@@ -116,7 +116,7 @@ def _rank0(e, split, tp: int, fsdp: int) -> Poly:
     from ..names import family_layout
     dims = [int(d.const_value()) for d in e.shape]
     if e.family is not None:
-        dims = family_layout(dims, int(e.family.const_value()))
+        dims = family_layout(dims, int(e.family.const_value()), e.members_first)
     if split is not None:
         dims[split.axis] //= tp
     if dims and fsdp > 1:

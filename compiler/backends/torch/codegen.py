@@ -1785,7 +1785,7 @@ class Generator:
     def _param_view(self, p: ir.Param, attr: str, sym: dict[str, str]) -> ParamView:
         dims = list(p.type.shape)
         if p.type.family is not None:
-            dims = family_layout(dims, p.type.family)
+            dims = family_layout(dims, p.type.family, p.members_first)
         shape = tuple(py_poly(d, sym) for d in dims)
         plain = _Names()
         what = f"{p.declared}: R[{', '.join(py_poly(d, plain).text for d in p.type.shape)}]"
@@ -2571,6 +2571,7 @@ class Generator:
         sp_plan = {c.name: [s.attr[len("self."):] for s in c.subs
                             if s.attr[len("self."):] in taking]
                    for c in [model_view, *layer_classes]}
+        uses_moe = bool(re.search(r"(?<![\w.])moe\(", text))
         view = dict(
             imports="\n".join(imports),
             tp_plan=tp_plan, tp_plan_text="\n".join(_literal_lines(tp_plan, "TP_PLAN = ", 0)),
@@ -2585,8 +2586,8 @@ class Generator:
             uses_window=bool(re.search(r"(?<![\w.])window_mask\(", text)),
             uses_take=bool(re.search(r"(?<![\w.])take\(", text)),
             uses_keeptopk=bool(re.search(r"(?<![\w.])keeptopk\(", text)),
-            uses_moe=bool(re.search(r"(?<![\w.])moe\(", text)),
-            uses_project=bool(re.search(r"(?<![\w.])project\(", text)),
+            uses_moe=uses_moe,
+            uses_project=uses_moe or bool(re.search(r"(?<![\w.])project\(", text)),
             uses_rotary=bool(re.search(r"(?<![\w.])rotary\(", text)),
             uses_padding=self.padding is not None,
             uses_positions=bool(re.search(r"(?<![\w.])token_positions\(", text)),
