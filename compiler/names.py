@@ -209,10 +209,19 @@ def family_layout(dims: list, family, first: bool = False):
     before the member's last axis. W_i^Q ∈ R^{H×D} for i in 1..A is (H, A, D), so
     X @ W^Q for every head at once is one matrix product with the (H, A·D) view. A family
     read one member at a time (`first`, ir.Param.members_first: MoE's experts) has the
-    family axis first, W_e^gate ∈ R^{H×F} for e in 1..E as (E, H, F): each member is
-    one contiguous matrix."""
-    at = family_axis(len(dims), first)
+    family axis first and each member as a linear layer holds its weight, (out, in)
+    (member_layout): W_e^gate ∈ R^{H×F} for e in 1..E is (E, F, H), each member one
+    contiguous matrix, laid out as the products of a few rows read it fastest."""
+    if first:
+        return [family] + member_layout(dims)
+    at = family_axis(len(dims))
     return dims[:at] + [family] + dims[at:]
+
+
+def member_layout(dims: list) -> list:
+    """A member of a family stored members first (family_layout), its last two axes
+    swapped: (in, out) as the equations write it, (out, in) as stored."""
+    return dims[:-2] + [dims[-1], dims[-2]] if len(dims) >= 2 else list(dims)
 
 
 def family_axis(rank: int, first: bool = False) -> int:

@@ -702,8 +702,10 @@ def _apply(step: S.CkptStep, x: np.ndarray, family: int | None, source: str,
         shape = list(x.shape)
         shape[axis: axis + 1] = [family, shape[axis] // family]
         x = x.reshape(shape)
-        # stored with the family axis where family_layout puts it
-        return np.moveaxis(x, axis, family_axis(x.ndim - 1, first))
+        # stored with the family axis where family_layout puts it, and members first
+        # each member (out, in)
+        x = np.moveaxis(x, axis, family_axis(x.ndim - 1, first))
+        return np.swapaxes(x, -1, -2) if first and x.ndim >= 3 else x
     if step.name == "take":
         if len(args) != 2:
             raise FgcError("take takes (axis, index), 1-based", step.span)
@@ -883,6 +885,9 @@ def _import(cfg, checkpoint: S.Checkpoint | None, ckpt: Checkpoint | Shards | To
                 xs = [read(source.replace(f"{{{var}}}", str(k)), steps, member, None,
                            spec_name, layer, span) for k in range(family)]
                 if all(x is not None for x in xs):
+                    if entry.members_first and len(member) >= 2:  # each (out, in)
+                        swap = (*range(len(member) - 2), len(member) - 1, len(member) - 2)
+                        xs = [x.transpose(swap) for x in xs]
                     out.tensors[target] = stacked(
                         xs, family_axis(len(member), entry.members_first))
                 continue

@@ -1,7 +1,8 @@
 """The per-machine cache of a compiled model.py's CPU kernel choices (`project`'s `KERNELS`).
 
-model.py's `project(x, w)` times oneDNN's inner product against `torch.matmul` at the first
-product of each shape class and keeps the faster in its module-level dict `KERNELS`, for
+model.py's `project(x, w)` times oneDNN's inner product, `torch.matmul` and, for a weight
+stored (out, in), its `transposed` product at the first product of each shape class and
+keeps the fastest in its module-level dict `KERNELS`, for
 that process only: model.py touches no files. The runtime keeps the choices across
 processes instead: `prefill(module)` fills `KERNELS` with what this machine chose before,
 right after model.py is imported, and `remember(module)` merges what the module chose
@@ -13,7 +14,8 @@ The cache is one JSON file, `runtime.files.cache_home() / "kernels.json"`
 other caches use):
 
     {"format": 1, "machines": {"<CPU model name> | torch <version>":
-                               {"[bits, [shape], [stride], threads]": "onednn" | "matmul"}}}
+                               {"[bits, [shape], [stride], threads]":
+                                "onednn" | "matmul" | "transposed"}}}
 
 The machine is the processor's model name (/proc/cpuinfo, else `platform.processor()`)
 and torch's version; the inner key is model.py's KERNELS key as JSON. It is read back
@@ -43,7 +45,7 @@ MACHINES = 16  # machines kept; past this the least recently written go
 ENTRIES = 512  # shape classes kept per machine; past this the oldest go
 MAX_RANK = 8
 CPUINFO_LIMIT = 256 * 2**10  # bytes of /proc/cpuinfo read: the first processor's lines suffice
-NAMES = ("onednn", "matmul")
+NAMES = ("onednn", "matmul", "transposed")
 
 Key = tuple[int, tuple[int, ...], tuple[int, ...], int]
 
@@ -155,6 +157,15 @@ def _compiled(module) -> bool:
     return all(hasattr(module, name) for name in ("KERNELS", "onednn", "ONEDNN"))
 
 
+def _kernels(module, torch) -> dict:
+    """The kernels by name that `module` (a compiled model.py) chooses among; a model.py
+    without `transposed` (compiled by an earlier fgc) has the other two."""
+    kernels = {"onednn": module.onednn, "matmul": torch.matmul}
+    if hasattr(module, "transposed"):
+        kernels["transposed"] = module.transposed
+    return kernels
+
+
 def prefill(module) -> int:
     """Fill `module.KERNELS` (a compiled model.py that has `project`) with this machine's
     cached choices, keeping any it already holds; how many were added."""
@@ -164,27 +175,27 @@ def prefill(module) -> int:
     if path is None:
         return 0
     import torch
-    kernels = {"onednn": module.onednn, "matmul": torch.matmul}
+    kernels = _kernels(module, torch)
     added = 0
     for (bits, shape, stride, threads), name in load(path).get(machine(), {}).items():
         key = bits, torch.Size(shape), stride, threads  # as project() makes it
-        if key not in module.KERNELS:
+        if key not in module.KERNELS and name in kernels:
             module.KERNELS[key] = kernels[name]
             added += 1
     return added
 
 
 def remember(module) -> int:
-    """Merge `module.KERNELS` (the entries that are `module.onednn` or `torch.matmul`) into
-    this machine's cached choices; how many it wrote, 0 when nothing was new. A cache that
-    cannot be written (a read-only home) is skipped."""
+    """Merge `module.KERNELS` (the entries that are one of its kernels) into this machine's
+    cached choices; how many it wrote, 0 when nothing was new. A cache that cannot be
+    written (a read-only home) is skipped."""
     if not _compiled(module):
         return 0
     import torch
+    names = {id(kernel): name for name, kernel in _kernels(module, torch).items()}
     chosen = {}
     for key, kernel in list(module.KERNELS.items()):
-        name = "onednn" if kernel is module.onednn else "matmul" if kernel is torch.matmul \
-            else None
+        name = names.get(id(kernel))
         key = as_key(key)
         if name is not None and key is not None:
             chosen[key] = name

@@ -65,6 +65,25 @@ def test_choices_round_trip_through_the_file(cache):
     assert third.KERNELS[(5, torch.Size([16, 48]), (48, 1), 2)] is torch.matmul
 
 
+def test_the_rows_gemm_round_trips_where_the_module_has_it(cache):
+    """`transposed` (the GEMM of a weight stored (out, in), row by row) is remembered by
+    name and given back to a module that defines it; a model.py without it skips it."""
+    def transposed(x, w):
+        return (w.mT @ x.mT).mT
+    first = fake_model()
+    first.transposed = transposed
+    first.KERNELS[(3, torch.Size([32, 64]), (1, 32), 2)] = transposed
+    first.KERNELS[(3, torch.Size([64, 32]), (1, 64), 2)] = first.onednn
+    assert kernels.remember(first) == 2
+    second = fake_model()
+    second.transposed = transposed
+    assert kernels.prefill(second) == 2
+    assert second.KERNELS[(3, torch.Size([32, 64]), (1, 32), 2)] is transposed
+    older = fake_model()  # no transposed(): that choice is measured again, not guessed
+    assert kernels.prefill(older) == 1
+    assert (3, torch.Size([32, 64]), (1, 32), 2) not in older.KERNELS
+
+
 def test_only_known_kernels_and_keys_are_remembered(cache):
     module = fake_model()
     module.KERNELS[(3, torch.Size([4, 4]), (4, 1), 1)] = lambda x, w: x @ w  # not a kernel

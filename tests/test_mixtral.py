@@ -164,8 +164,9 @@ def test_the_onnx_graphs_run_each_expert_on_its_positions_only(tmp_path):
 
 def test_the_experts_are_stored_one_contiguous_matrix_each(tmp_path):
     """The standard library's MoE reads its experts one at a time: both backends store the
-    families with the expert axis first, gate and up (E, H, F), down (E, F, H); a spec's
-    own mixture keeps the family layout every other family has, (H, E, F)."""
+    families with the expert axis first and each expert (out, in) as nn.Linear does, gate
+    and up (E, F, H), down (E, H, F); a spec's own mixture keeps the family layout every
+    other family has, (H, E, F)."""
     import onnx
     spec = tmp_path / "moe.fgpt"
     spec.write_text(MOE.format(E=4, K=2))
@@ -175,8 +176,8 @@ def test_the_experts_are_stored_one_contiguous_matrix_each(tmp_path):
     params = dict(module(tmp_path / "torch").named_parameters())
     graph = onnx.load(str(tmp_path / "onnx" / "model.onnx")).graph
     stored = {i.name: tuple(i.dims) for i in graph.initializer}
-    for name, shape in (("W_gate", (4, 32, 64)), ("W_up", (4, 32, 64)),
-                        ("W_down", (4, 64, 32))):
+    for name, shape in (("W_gate", (4, 64, 32)), ("W_up", (4, 64, 32)),
+                        ("W_down", (4, 32, 64))):
         assert tuple(params[f"moe_.{name}"].shape) == shape
         assert stored[f"moe_/{name}"] == shape
     own = tmp_path / "own.fgpt"
@@ -188,6 +189,41 @@ def test_the_experts_are_stored_one_contiguous_matrix_each(tmp_path):
     assert r.returncode == 0, r.stderr
     assert tuple(dict(module(tmp_path / "own").named_parameters())["moe_.W_gate"].shape) \
         == (32, 4, 64)
+
+
+def test_every_product_kernel_of_the_experts_agrees(tmp_path):
+    """In CPU float32 inference the experts' products go through project(), which times its
+    kernels at the first product of each shape; the GEMM of the stored (out, in) rows
+    (`transposed`) is a candidate for those weights only. Each kernel, forced for every
+    product, gives the plain product's outputs."""
+    spec = tmp_path / "moe.fgpt"
+    spec.write_text(MOE.format(E=4, K=2))
+    r = fgc("compile", str(spec), "--target", "torch", "-o", str(tmp_path / "torch"))
+    assert r.returncode == 0, r.stderr
+    import importlib.util
+    found = importlib.util.spec_from_file_location("fgc_moe_kernels",
+                                                   tmp_path / "torch" / "model.py")
+    code = importlib.util.module_from_spec(found)
+    found.loader.exec_module(code)
+    model = code.build().eval()
+    x = tokens(50, 16, B=3)
+    with torch.no_grad():
+        model(x)  # the first products choose
+        stored = {key: key[2] for key in code.KERNELS}  # each shape class's weight strides
+        assert any(stride == (1, 32) for stride in stored.values())  # an expert's (out, in)
+        for key, stride in stored.items():
+            if stride[0] != 1:  # a weight stored (in, out): never the rows' GEMM
+                assert code.KERNELS[key] is not code.transposed
+        code.ONEDNN = False
+        try:
+            plain = model(x)
+        finally:
+            code.ONEDNN = True
+        for kernel in (code.onednn, torch.matmul, code.transposed):
+            for key, stride in stored.items():
+                code.KERNELS[key] = kernel if stride[0] == 1 or kernel is not \
+                    code.transposed else torch.matmul
+            assert (model(x) - plain).abs().max().item() <= 1e-5 * plain.abs().max().item()
 
 
 def test_choices_beyond_the_experts_are_a_located_error(tmp_path):

@@ -403,7 +403,7 @@ class Lowerer:
         if any(not d.is_const() for d in run_dims):
             raise Unsupported(f"family parameter `{name}` sized by the sequence length")
         role = role or self._role(fam, name)
-        if len(dims) < 2 or p.members_first:  # (A, D), (E, H, F): the family axis is first
+        if len(dims) < 2 or p.members_first:  # (A, D), (E, F, H): the family axis is first
             return V("real", (role,), tuple(run_dims), fam=role, name=init)
         return V("real", (role,), tuple(run_dims), fam=role, stored=init)
 
@@ -1922,8 +1922,8 @@ def _moe(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
     experts and Softmax weighs them; then, expert by expert, the positions that chose it
     are gathered (NonZero), run through its SwiGLU and added back in place (ScatterND's
     add). Each expert's matrices are a Gather of the family's tensor (stored members
-    first) at a constant member, which onnxruntime folds into a tensor of its own when the
-    session loads."""
+    first, each member (out, in)) at a constant member, transposed: onnxruntime folds both
+    into a tensor of its own when the session loads."""
     x, (router, gate, up, down), rows, logits, k = _moe_router(lw, callee, ins)
     path = callee.path
     top, chosen = lw.g.node("TopK", [logits, lw.g.ints([k])], f"{path}/top", 2, axis=-1,
@@ -1941,8 +1941,10 @@ def _moe(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
         picked = lw.g.op("Gather", [pairs, lw.g.const(0, "int")], at, axis=0)  # positions
         w = lw.g.op("GatherND", [weight, lw.g.op("Transpose", [pairs], at, perm=[1, 0])], at)
         h = lw.g.op("Gather", [rows, picked], at, axis=0)
-        mats = [lw.g.op("Gather", [p.name, member], f"{at}/{ident(name)}", axis=0)
-                for p, name in ((gate, "W^gate"), (up, "W^up"), (down, "W^down"))]
+        mats = [lw.g.op("Transpose", [lw.g.op("Gather", [p.name, member], where, axis=0)],
+                        where, perm=[1, 0])
+                for p, where in ((gate, f"{at}/W^gate"), (up, f"{at}/W^up"),
+                                 (down, f"{at}/W^down"))]
         a = lw.g.op("MatMul", [h, mats[0]], at)
         a = lw.g.op("Mul", [a, lw.g.op("Sigmoid", [a], at)], at)
         y = lw.g.op("MatMul", [lw.g.op("Mul", [a, lw.g.op("MatMul", [h, mats[1]], at)], at),
@@ -1978,21 +1980,18 @@ def _ort_moe(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
     x, (router, gate, up, down), rows, logits, k = _moe_router(lw, callee, ins)
     path = callee.path
     experts = _int(router.own[-1])
-    # the families are stored members first: gate and up (E, H, F), down (E, F, H)
-    arrays = [lw.g.initializers[p.name] for p in (gate, up, down)]
-    h, f = arrays[0].shape[1], arrays[0].shape[2]
+    # the families are stored members first, each (out, in): gate and up (E, F, H), down
+    # (E, H, F), which is fc2 as it is
+    arrays = [lw.g.initializers[p.name] for p in (gate, up)]
+    f, h = arrays[0].shape[1], arrays[0].shape[2]
 
     def interleaved(gate_w: np.ndarray, up_w: np.ndarray) -> np.ndarray:
-        paired = np.stack([gate_w.transpose(0, 2, 1), up_w.transpose(0, 2, 1)], axis=2)
-        return paired.reshape(experts, 2 * f, h)
+        return np.stack([gate_w, up_w], axis=2).reshape(experts, 2 * f, h)
     # computed from the expert weights when written (Lazy), as the weights themselves are
     fc1 = lw.g.initializer(f"{path}/fc1", Lazy.derived((experts, 2 * f, h), interleaved,
                                                        arrays[0], arrays[1]),
                            f"{gate.name}, {up.name}: their rows interleaved, per expert")
-    down_w = arrays[2]
-    fc2 = lw.g.initializer(f"{path}/fc2", Lazy.derived(
-        (experts, h, f), lambda w: w.transpose(0, 2, 1), down_w), f"{down.name}, per expert")
-    out = lw.g.op("MoE", [rows, logits, fc1, "", fc2], path, domain=ORT_DOMAIN, k=k,
+    out = lw.g.op("MoE", [rows, logits, fc1, "", down.name], path, domain=ORT_DOMAIN, k=k,
                   normalize_routing_weights=1, activation_type="swiglu", swiglu_fusion=1,
                   activation_alpha=1.0, activation_beta=0.0, swiglu_limit=float("inf"))
     return [_like(lw, x, lw.g.op("Reshape", [out, lw.g.op("Shape", [x.name], path)], path))]

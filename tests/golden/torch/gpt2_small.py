@@ -79,12 +79,14 @@ def rows_at(table, at, length):
     return table[at:at + length]
 
 
-# project() runs CPU float32 inference through whichever of two kernels multiplies by the
-# weight faster on this CPU: oneDNN's inner product or the default GEMM behind x @ w. The
-# winner depends on the processor (mostly oneDNN on an AMD EPYC, the GEMM on an Intel Xeon)
-# and on the shape, so the first product of each shape class (rows to a power of two, the
-# weight's shape and layout, the threads) times both, and KERNELS keeps the faster for the
-# rest of the process. ONEDNN = False takes the plain product everywhere.
+# project() runs CPU float32 inference through whichever kernel multiplies by the weight
+# fastest on this CPU: oneDNN's inner product or the default GEMM behind x @ w, and for a
+# weight stored (out, in) (a transposed view, as MoE's experts are) the GEMM of its rows by
+# x's as well. The winner depends on the processor (mostly oneDNN on an AMD EPYC, the GEMM
+# on an Intel Xeon), on the shape and on the layout, so the first product of each shape
+# class (rows to a power of two, the weight's shape and layout, the threads) times them,
+# and KERNELS keeps the fastest for the rest of the process. ONEDNN = False takes the
+# plain product everywhere.
 ONEDNN = True
 KERNELS = {}
 
@@ -94,13 +96,22 @@ def onednn(x, w):
     return torch.ops.mkldnn._linear_pointwise(x, w.mT, None, "none", [], "")
 
 
+def transposed(x, w):
+    """x @ w as (w^T x^T)^T: the GEMM reads a weight stored (out, in) row by row, which
+    for a few rows of x reads it faster than x @ w does."""
+    return (w.mT @ x.mT).mT
+
+
 def fastest(x, w):
-    """The faster kernel for x @ w, and the product: the two alternate, each keeping its
-    best time, for up to 5 rounds while they take under 0.1 s in all; at least 2 (a
-    kernel's first call at a shape pays one-time set-up) unless the first took over 0.5 s."""
+    """The fastest kernel for x @ w, and the product: the candidates alternate, each keeping
+    its best time, for up to 5 rounds while they take under 0.1 s in all; at least 2 (a
+    kernel's first call at a shape pays one-time set-up) unless the first took over 0.5 s.
+    transposed() is a candidate for a weight stored (out, in) only: for one stored (in, out)
+    it reads the weight across its rows."""
     from time import perf_counter  # here: model.py imports torch and math only
 
-    kernels, best = (onednn, torch.matmul), [math.inf, math.inf]
+    kernels = (onednn, torch.matmul) + ((transposed,) if w.mT.is_contiguous() else ())
+    best = [math.inf] * len(kernels)
     start = perf_counter()
     for rounds in range(1, 6):
         for k, kernel in enumerate(kernels):
@@ -113,7 +124,7 @@ def fastest(x, w):
 
 
 def project(x, w):
-    """x @ w for a weight w of shape (in, out): CPU float32 inference through the faster
+    """x @ w for a weight w of shape (in, out): CPU float32 inference through the fastest
     kernel (see ONEDNN); training, other devices and dtypes, and torch.compile (which
     picks its own kernels) take the plain product."""
     if not (ONEDNN and not torch.is_grad_enabled() and not torch.compiler.is_compiling()
