@@ -52,7 +52,7 @@ from .elaborate.elaborator import Statics, member_key
 from .elaborate.symbolic import Poly
 from .errors import Diagnostic, FgcError, Span
 from .lazy import Lazy, stacked
-from .names import family_axis, family_layout, ident, layers_attr
+from .names import family_axis, family_layout, ident, layers_attr, member_layout
 from .passes.params import Entry, as_int
 from .syntax import nodes as S
 
@@ -800,10 +800,11 @@ def _import(cfg, checkpoint: S.Checkpoint | None, ckpt: Checkpoint | Shards | To
 
     def read(source: str, steps: list[S.CkptStep], expected: tuple[int, ...],
              family: int | None, spec_name: str, layer: int | None, span,
-             first: bool = False) -> Lazy | None:
+             first: bool = False, flip: bool = False) -> Lazy | None:
         """One checkpoint tensor through its steps, checked against `expected`, as a Lazy
         tensor that reads it when materialized; None (and the error noted) when it is
-        missing or does not fit."""
+        missing or does not fit. `flip`: a member of a family stored members first, given
+        (out, in) (names.member_layout)."""
         found = lookup(source, spec_name, layer, span)
         if found is None:
             return None
@@ -838,18 +839,20 @@ def _import(cfg, checkpoint: S.Checkpoint | None, ckpt: Checkpoint | Shards | To
         out.order.setdefault(found, len(out.order))
 
         def make() -> np.ndarray:
-            rest = steps
-            if steps and steps[0].name in ("transpose", "T") and len(info.shape) == 2:
+            rest, swap = steps, flip and len(expected) >= 2
+            if swap and rest and rest[-1].name in ("transpose", "T"):
+                rest, swap = rest[:-1], False  # stored (out, in): the last transpose undone
+            if rest and rest[0].name in ("transpose", "T") and len(info.shape) == 2:
                 # nn.Linear's [out, in] read a block of rows at a time into its transpose:
                 # the result and one block in memory, not the tensor and its copy
-                x, rest = _transposed(ckpt, found, out), steps[1:]
+                x, rest = _transposed(ckpt, found, out), rest[1:]
             else:
                 x = ckpt.read(found).astype(np.float32, copy=False)
                 out.scan(found, x)
             for step in rest:
                 x = _apply(step, x, family, source, size, first)
-            return x
-        return Lazy(x.shape, make)
+            return np.swapaxes(x, -1, -2) if swap else x
+        return Lazy(tuple(member_layout(list(x.shape))) if flip else x.shape, make)
 
     rules: dict[tuple[str, bool], S.CkptMap] = {}
     if checkpoint is not None:
@@ -883,11 +886,9 @@ def _import(cfg, checkpoint: S.Checkpoint | None, ckpt: Checkpoint | Shards | To
                 # one tensor per member (`experts.{e}.w1.weight`), stacked as a family
                 member = tuple(as_int(d) for d in entry.shape)
                 xs = [read(source.replace(f"{{{var}}}", str(k)), steps, member, None,
-                           spec_name, layer, span) for k in range(family)]
+                           spec_name, layer, span, flip=entry.members_first)
+                      for k in range(family)]
                 if all(x is not None for x in xs):
-                    if entry.members_first and len(member) >= 2:  # each (out, in)
-                        swap = (*range(len(member) - 2), len(member) - 1, len(member) - 2)
-                        xs = [x.transpose(swap) for x in xs]
                     out.tensors[target] = stacked(
                         xs, family_axis(len(member), entry.members_first))
                 continue

@@ -226,6 +226,59 @@ def test_every_product_kernel_of_the_experts_agrees(tmp_path):
             assert (model(x) - plain).abs().max().item() <= 1e-5 * plain.abs().max().item()
 
 
+CHECKPOINT = """
+  checkpoint {{
+    W_e = "embed"
+    moe.W^router = "router"
+    moe.W^gate = "experts.{{e}}.gate"{steps}
+    moe.W^up = "experts.{{e}}.up"{steps}
+    moe.W^down = "experts.{{e}}.down"{steps}
+  }}
+}}
+"""
+
+
+@pytest.mark.parametrize("linear", [True, False], ids=["out-in", "in-out"])
+def test_experts_read_one_file_tensor_each_in_either_layout(tmp_path, linear):
+    """Experts read one tensor each, as nn.Linear holds them ([out, in], `| transpose`) or
+    as the equations write them ([in, out], no steps), are stored (out, in) and give the
+    mixture the equations define, computed here in numpy."""
+    import numpy as np
+    from safetensors.numpy import save_file
+    E, K, H, F, V, n = 4, 2, 32, 64, 50, 16
+    rng = np.random.default_rng(7)
+    embed = rng.standard_normal((V, H), np.float32)
+    router = rng.standard_normal((H, E), np.float32)
+    gate, up = (rng.standard_normal((E, H, F), np.float32) * 0.2 for _ in range(2))
+    down = rng.standard_normal((E, F, H), np.float32) * 0.2
+    tensors = {"embed": embed, "router": router}
+    for e in range(E):
+        for name, w in (("gate", gate[e]), ("up", up[e]), ("down", down[e])):
+            tensors[f"experts.{e}.{name}"] = np.ascontiguousarray(w.T if linear else w)
+    save_file(tensors, str(tmp_path / "w.safetensors"))
+    spec = tmp_path / "moe.fgpt"
+    text = MOE.format(E=E, K=K).rstrip()
+    spec.write_text(text[:-1] + CHECKPOINT.format(steps=" | transpose" if linear else ""))
+    r = fgc("compile", str(spec), "--target", "torch", "--weights",
+            str(tmp_path / "w.safetensors"), "-o", str(tmp_path / "torch"))
+    assert r.returncode == 0, r.stderr
+    model = module(tmp_path / "torch")
+    assert tuple(model.moe_.W_gate.shape) == (E, F, H)
+    x = tokens(V, n, B=1)
+    with torch.no_grad():
+        got = model(x)[0].numpy()
+    rows = embed[x[0].numpy()]
+    logits = rows @ router
+    want = np.zeros_like(rows)
+    for i, row in enumerate(rows):
+        chosen = np.argsort(-logits[i])[:K]
+        weight = np.exp(logits[i, chosen] - logits[i, chosen].max())
+        for e, share in zip(chosen, weight / weight.sum()):
+            a = row @ gate[e]
+            want[i] += share * ((a / (1 + np.exp(-a)) * (row @ up[e])) @ down[e])
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
 def test_choices_beyond_the_experts_are_a_located_error(tmp_path):
     text = (Path(__file__).parents[1] / "specs" / "mixtral.fgpt").read_text()
     bad = text.replace("preset 8x7b {\n    L = 32,", "preset 8x7b {\n    K = 9, L = 32,")
