@@ -55,9 +55,10 @@ def dense_moe() -> str:
     return re.sub(r"\bMoE\b", "MoEDense", text)
 
 
-def make_models(folder: Path) -> tuple[Path, Path, object]:
+def make_models(folder: Path) -> tuple[Path, Path, object, int]:
     """The seeded MixtralForCausalLM and its dense LlamaForCausalLM (the Mixtral's weights
-    outside the feed-forward nets), each saved in a folder of its own; the Mixtral too."""
+    outside the feed-forward nets), each saved in a folder of its own; the Mixtral too, and
+    the dense model's parameter count."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM
 
@@ -76,7 +77,7 @@ def make_models(folder: Path) -> tuple[Path, Path, object]:
     out = folder / "mixtral", folder / "llama"
     mixtral.save_pretrained(out[0])
     dense.save_pretrained(out[1])
-    return *out, mixtral
+    return *out, mixtral, sum(p.numel() for p in dense.parameters())
 
 
 def experts_read(mixtral, x) -> list[int]:
@@ -88,16 +89,16 @@ def experts_read(mixtral, x) -> list[int]:
             for layer in logits]
 
 
-def weights_ratio(read: list[int]) -> float:
-    """The weights a forward pass of the MoE reads over those the dense model reads: the
-    same embedding rows, attention, norms and head, then `read` experts a layer against
-    one net of width K·F (and the router)."""
+def weights_ratio(read: list[int], dense: int) -> float:
+    """The weights a forward pass of the MoE reads over those the dense model (`dense`
+    parameters) reads: the same attention, norms and head (the embedding table aside, of
+    which each reads a few rows), then `read` experts a layer and the routers in place of
+    one net of width K·F a layer."""
     s = SIZES
-    kv = s["H"] // s["A"] * s["G"]
-    rest = s["L"] * (2 * s["H"] * s["H"] + 2 * s["H"] * kv + 2 * s["H"]) + s["H"] * s["V"]
     expert = 3 * s["H"] * s["F"]
-    dense = rest + s["L"] * s["K"] * expert
-    return (rest + s["L"] * s["H"] * s["E"] + sum(read) * expert) / dense
+    dense -= s["V"] * s["H"]
+    moe = dense - s["L"] * s["K"] * expert + sum(read) * expert + s["L"] * s["H"] * s["E"]
+    return moe / dense
 
 
 def build(folder: Path, name: str, spec: Path, sets: dict, target: str, weights: Path):
@@ -145,7 +146,7 @@ def main() -> None:
     text = (ROOT / "specs" / "mixtral.fgpt").read_text()
     everything = folder / "mixtral_dense.fgpt"
     everything.write_text(dense_moe() + text.replace("moe: MoE(", "moe: MoEDense("))
-    sparse_hf, dense_hf, mixtral = make_models(folder)
+    sparse_hf, dense_hf, mixtral, dense_size = make_models(folder)
     moe["theta"] = dense["theta"] = THETA
     inputs = {point: torch.randint(0, s["V"], point, generator=torch.Generator().manual_seed(i))
               for i, point in enumerate(POINTS)}
@@ -196,7 +197,7 @@ def main() -> None:
         lines.append(f"| {target} | {point[0]} × {point[1]} | "
                      f"{', '.join(map(str, read[point]))} of {s['E']} | "
                      + " | ".join(f"{median[k] * 1000:.2f} ms" for k in keys)
-                     + f" | **{ratio:.2f}×** | {weights_ratio(read[point]):.2f}× "
+                     + f" | **{ratio:.2f}×** | {weights_ratio(read[point], dense_size):.2f}× "
                      f"| {saved:.2f}× |")
     publish(MARK, lines, args.write_readme, after="torch-forward")
 

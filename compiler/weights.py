@@ -800,11 +800,13 @@ def _import(cfg, checkpoint: S.Checkpoint | None, ckpt: Checkpoint | Shards | To
 
     def read(source: str, steps: list[S.CkptStep], expected: tuple[int, ...],
              family: int | None, spec_name: str, layer: int | None, span,
-             first: bool = False, flip: bool = False) -> Lazy | None:
+             first: bool = False) -> Lazy | None:
         """One checkpoint tensor through its steps, checked against `expected`, as a Lazy
         tensor that reads it when materialized; None (and the error noted) when it is
-        missing or does not fit. `flip`: a member of a family stored members first, given
-        (out, in) (names.member_layout)."""
+        missing or does not fit. `first`: the target is stored members first
+        (names.family_layout); read one member at a time (`family` None), each member is
+        given (out, in) (names.member_layout)."""
+        flip = first and family is None and len(expected) >= 2
         found = lookup(source, spec_name, layer, span)
         if found is None:
             return None
@@ -839,7 +841,7 @@ def _import(cfg, checkpoint: S.Checkpoint | None, ckpt: Checkpoint | Shards | To
         out.order.setdefault(found, len(out.order))
 
         def make() -> np.ndarray:
-            rest, swap = steps, flip and len(expected) >= 2
+            rest, swap = steps, flip
             if swap and rest and rest[-1].name in ("transpose", "T"):
                 rest, swap = rest[:-1], False  # stored (out, in): the last transpose undone
             if rest and rest[0].name in ("transpose", "T") and len(info.shape) == 2:
@@ -886,7 +888,7 @@ def _import(cfg, checkpoint: S.Checkpoint | None, ckpt: Checkpoint | Shards | To
                 # one tensor per member (`experts.{e}.w1.weight`), stacked as a family
                 member = tuple(as_int(d) for d in entry.shape)
                 xs = [read(source.replace(f"{{{var}}}", str(k)), steps, member, None,
-                           spec_name, layer, span, flip=entry.members_first)
+                           spec_name, layer, span, entry.members_first)
                       for k in range(family)]
                 if all(x is not None for x in xs):
                     out.tensors[target] = stacked(

@@ -157,9 +157,10 @@ def _compiled(module) -> bool:
     return all(hasattr(module, name) for name in ("KERNELS", "onednn", "ONEDNN"))
 
 
-def _kernels(module, torch) -> dict:
+def _kernels(module) -> dict:
     """The kernels by name that `module` (a compiled model.py) chooses among; a model.py
     without `transposed` (compiled by an earlier fgc) has the other two."""
+    import torch
     kernels = {"onednn": module.onednn, "matmul": torch.matmul}
     if hasattr(module, "transposed"):
         kernels["transposed"] = module.transposed
@@ -175,7 +176,7 @@ def prefill(module) -> int:
     if path is None:
         return 0
     import torch
-    kernels = _kernels(module, torch)
+    kernels = _kernels(module)
     added = 0
     for (bits, shape, stride, threads), name in load(path).get(machine(), {}).items():
         key = bits, torch.Size(shape), stride, threads  # as project() makes it
@@ -191,8 +192,7 @@ def remember(module) -> int:
     written (a read-only home) is skipped."""
     if not _compiled(module):
         return 0
-    import torch
-    names = {id(kernel): name for name, kernel in _kernels(module, torch).items()}
+    names = {id(kernel): name for name, kernel in _kernels(module).items()}
     chosen = {}
     for key, kernel in list(module.KERNELS.items()):
         name = names.get(id(kernel))
