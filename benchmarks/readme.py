@@ -70,9 +70,22 @@ def kernel_cache(module) -> None:
     atexit.register(remember, module)
 
 
+def chosen(module, call, limit: int = 12) -> None:
+    """`call()` (a forward pass or a generation of the compiled model.py `module`) again
+    until `project` has chosen a kernel for every shape class it met: it times its
+    candidates on the products a pass makes (SAMPLES each), so a product made once a pass,
+    as the projection onto the vocabulary, is decided after a few passes. At most `limit`
+    calls; nothing where the module has no such choice (no `TRIALS`: other devices, dtypes)."""
+    for _ in range(limit):
+        if not getattr(module, "TRIALS", None):
+            return
+        call()
+
+
 def kernels(module, rows: int) -> str:
     """Which kernel a compiled model.py's `project` kept for each weight shape at this many
-    rows (its KERNELS, filled by the first products), e.g. "oneDNN: 768 × 768; GEMM: ..."."""
+    rows (its KERNELS, filled as the first products are timed), e.g. "oneDNN: 768 × 768;
+    GEMM: ..."."""
     picks: dict[str, list[str]] = {}
     for (bucket, shape, _, _), kernel in module.KERNELS.items():
         if bucket == rows.bit_length():

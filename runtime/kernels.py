@@ -1,13 +1,14 @@
 """The per-machine cache of a compiled model.py's CPU kernel choices (`project`'s `KERNELS`).
 
 model.py's `project(x, w)` times oneDNN's inner product, `torch.matmul` and, for a weight
-stored (out, in), its `transposed` product at the first product of each shape class and
-keeps the fastest in its module-level dict `KERNELS`, for
-that process only: model.py touches no files. The runtime keeps the choices across
-processes instead: `prefill(module)` fills `KERNELS` with what this machine chose before,
-right after model.py is imported, and `remember(module)` merges what the module chose
-since into the cache once it has run. A shape class met for the first time is still
-measured, by model.py itself.
+stored (out, in), its `transposed` product on the first products of each shape class (in
+turn, SAMPLES products each, as the forward passes make them) and keeps the fastest in its
+module-level dict `KERNELS`, for that process only: model.py touches no files. The
+runtime keeps the choices across processes instead: `prefill(module)` fills `KERNELS`
+with what this machine chose before, right after model.py is imported, and
+`remember(module)` merges what the module chose since into the cache once it has run. A
+shape class met for the first time is still measured, by model.py itself; one still being
+timed when the run ends (a product made once a run, as a prompt's) is not kept.
 
 The cache is one JSON file, `runtime.files.cache_home() / "kernels.json"`
 (`$XDG_CACHE_HOME/fgc/kernels.json`, `~/.cache/fgc/kernels.json`, in the 0700 folder the

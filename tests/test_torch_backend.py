@@ -707,19 +707,28 @@ def test_matches_the_seed_equations(name, T, dtype, tol, compiled):
     assert ref.max() > 5 / sets["V"]  # not two near-uniform outputs compared
 
 
-def _linear_ops(model, call) -> int:
-    """How many oneDNN inner products `call(model)` ran."""
+def _linear_ops(model, call, ops=("mkldnn::_linear_pointwise",)) -> int:
+    """How many oneDNN inner products (or other `ops`) `call(model)` ran."""
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         call(model)
-    return sum(e.count for e in prof.key_averages() if e.key == "mkldnn::_linear_pointwise")
+    return sum(e.count for e in prof.key_averages() if e.key in ops)
+
+
+def _chosen(module, model, x) -> None:
+    """Forward passes until project() has chosen a kernel for every shape class it met."""
+    for _ in range(4 * module.SAMPLES):
+        model.logits(x)
+        if not module.TRIALS:
+            return
+    raise AssertionError(f"shape classes still timed: {list(module.TRIALS)}")
 
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch without oneDNN")
 def test_weight_products_through_onednn(compiled):
     """In CPU float32 inference every weight product (the per-head q/k/v, W^O, the two of the
     feed-forward net, the tied output projection) goes through project(), which times both
-    kernels at the first product of each shape and keeps the faster (KERNELS); with oneDNN
+    kernels on the first products of each shape and keeps the faster (KERNELS); with oneDNN
     kept everywhere it agrees with the plain product, which training and `ONEDNN = False`
     take."""
     sets = GOLDEN_SETS
@@ -728,7 +737,7 @@ def test_weight_products_through_onednn(compiled):
     model = _randomised(module.build(), seed=3)
     x = torch.randint(0, sets["V"], (3, 7), generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
-        model.logits(x)  # the first products choose
+        _chosen(module, model, x)  # the first products choose
         assert module.KERNELS and set(module.KERNELS.values()) <= {module.onednn, torch.matmul}
         for key in module.KERNELS:  # oneDNN wherever it was chosen or not
             module.KERNELS[key] = module.onednn
@@ -746,6 +755,29 @@ def test_weight_products_through_onednn(compiled):
     assert all(p.grad is not None for p in model.parameters())
     with torch.no_grad():  # float64 is never sent to oneDNN
         assert _linear_ops(model.double(), lambda m: m.logits(x)) == 0
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch without oneDNN")
+def test_kernels_are_timed_on_the_products_the_pass_makes(compiled):
+    """project() times its candidates in use: each product of the first passes is computed
+    once, by one candidate in turn, so the first pass makes as many weight products as any
+    later one (none repeated to time a kernel on a weight already in the cache), and a shape
+    class is decided once each candidate has timed SAMPLES of its products."""
+    sets = GOLDEN_SETS
+    path, _ = compiled("specs/formal/gpt2.fgpt", None, sets)
+    module = import_model(path)
+    model = _randomised(module.build(), seed=3)
+    x = torch.randint(0, sets["V"], (3, 7), generator=torch.Generator().manual_seed(4))
+    products = ("mkldnn::_linear_pointwise", "aten::mm", "aten::bmm")
+    with torch.no_grad():
+        first = _linear_ops(model, lambda m: m.logits(x), products)
+        assert module.TRIALS  # the output projection, one product a pass: still timed
+        for times, _ in module.TRIALS.values():  # the candidates take turns
+            counts = [len(t) for t in times]
+            assert counts == sorted(counts, reverse=True) and counts[0] - counts[-1] <= 1
+        _chosen(module, model, x)
+        assert _linear_ops(model, lambda m: m.logits(x), products) == first
+        assert not module.TRIALS and len(module.KERNELS) >= 3
 
 
 @pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,

@@ -84,12 +84,17 @@ def rows_at(table, at, length):
 # fastest on this CPU: oneDNN's inner product or the default GEMM behind x @ w, and for a
 # weight stored (out, in) (a transposed view, as MoE's experts are) the GEMM of its rows by
 # x's as well. The winner depends on the processor (mostly oneDNN on an AMD EPYC, the GEMM
-# on an Intel Xeon), on the shape and on the layout, so the first product of each shape
-# class (rows to a power of two, the weight's shape and layout, the threads) times them,
-# and KERNELS keeps the fastest for the rest of the process. ONEDNN = False takes the
-# plain product everywhere.
+# on an Intel Xeon), on the shape and on the layout, and on whether the weight is in the
+# cache: a product timed again and again on one weight finds it there, where a forward
+# pass streams each weight from memory. So the kernels are timed in use: the first
+# products of each shape class (rows to a power of two, the weight's shape and layout, the
+# threads) take turns among the candidates, each product computed once by one of them,
+# and after SAMPLES timed products each KERNELS keeps the one of the shortest time for the
+# rest of the process. ONEDNN = False takes the plain product everywhere.
 ONEDNN = True
 KERNELS = {}
+TRIALS = {}  # a shape class still timed: each candidate's times, the (candidate, x shape)s run
+SAMPLES = 3  # products each candidate times before the choice
 
 
 def onednn(x, w):
@@ -103,25 +108,29 @@ def transposed(x, w):
     return (w.mT @ x.mT).mT
 
 
-def fastest(x, w):
-    """The fastest kernel for x @ w, and the product: the candidates alternate, each keeping
-    its best time, for up to 5 rounds while they take under 0.1 s in all; at least 2 (a
-    kernel's first call at a shape pays one-time set-up) unless the first took over 0.5 s.
-    transposed() is a candidate for a weight stored (out, in) only: for one stored (in, out)
-    it reads the weight across its rows."""
+def trial(key, x, w):
+    """x @ w by the candidate of the shape class `key` that has timed the fewest of its
+    products; the class's choice once each has timed SAMPLES. A candidate's first product
+    at each shape of x is not timed: it pays the kernel's one-time set-up (oneDNN makes a
+    primitive per shape, 4-5 times a product's time). transposed() is a candidate for a
+    weight stored (out, in) only: for one stored (in, out) it reads the weight across its
+    rows."""
     from time import perf_counter  # here: model.py imports torch and math only
 
     kernels = (onednn, torch.matmul) + ((transposed,) if w.mT.is_contiguous() else ())
-    best = [math.inf] * len(kernels)
+    times, seen = TRIALS.setdefault(key, ([[] for _ in kernels], set()))
+    k = min(range(len(kernels)), key=lambda i: len(times[i]))
+    if (k, x.shape) not in seen:
+        seen.add((k, x.shape))
+        return kernels[k](x, w)
     start = perf_counter()
-    for rounds in range(1, 6):
-        for k, kernel in enumerate(kernels):
-            t0 = perf_counter()
-            out = kernel(x, w)
-            best[k] = min(best[k], perf_counter() - t0)
-        if perf_counter() - start > (0.1 if rounds > 1 else 0.5):
-            break
-    return kernels[best.index(min(best))], out
+    out = kernels[k](x, w)
+    times[k].append(perf_counter() - start)
+    if len(times[-1]) >= SAMPLES:
+        best = [min(t) for t in times]
+        KERNELS[key] = kernels[best.index(min(best))]
+        del TRIALS[key]
+    return out
 
 
 def project(x, w):
@@ -134,10 +143,8 @@ def project(x, w):
         return x @ w
     rows = x.numel() // w.shape[0]
     key = rows.bit_length(), w.shape, w.stride(), torch.get_num_threads()
-    if key in KERNELS:
-        return KERNELS[key](x, w)
-    KERNELS[key], out = fastest(x, w)
-    return out
+    kernel = KERNELS.get(key)
+    return kernel(x, w) if kernel is not None else trial(key, x, w)
 
 
 # Tensor parallelism (parallelize(), docs/distributed.md). fgc derived from the equations
