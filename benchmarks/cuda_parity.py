@@ -2,8 +2,8 @@
 
 The test suite checks every released decoder spec (and T5) against transformers on CPU;
 this runs the same tiny models (the suite's own cases: tests/test_llama.py,
-test_qwen_gemma.py, test_phi3_neox.py, test_mixtral.py, test_t5.py) on a GPU, where the
-generated model.py has to keep every tensor it makes on the weights' device:
+test_qwen_gemma.py, test_phi3_neox.py, test_mixtral.py, test_granite.py, test_t5.py) on a
+GPU, where the generated model.py has to keep every tensor it makes on the weights' device:
 
   * float32 (TF32 off): the module's probabilities on the GPU against transformers' on the
     CPU (the suite's reference) and on the GPU, max |difference|;
@@ -45,7 +45,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 TOL = 1e-5  # float32 probabilities, as the suite holds them on CPU
 MARK, AFTER = "cuda-parity", "llama-small"  # README's block, and the one it follows
-DECODER_TESTS = ("test_llama", "test_qwen_gemma", "test_phi3_neox", "test_mixtral")
+DECODER_TESTS = ("test_llama", "test_qwen_gemma", "test_phi3_neox", "test_mixtral",
+                 "test_granite")
 
 
 def log(msg: str) -> None:
@@ -53,13 +54,17 @@ def log(msg: str) -> None:
 
 
 def cases():
-    """(label, spec, transformers model on CPU, fgc's --set arguments) of each suite case."""
+    """(label, spec, transformers model on CPU, fgc's --set arguments) of each suite case;
+    a test module without `_sets` (test_granite) compiles with the folder's config.json
+    alone."""
     for name in DECODER_TESTS:
         test = importlib.import_module(name)
         for case, label in zip(test.CASES, test.IDS):
-            spec = "mixtral" if name == "test_mixtral" else case[0]
+            spec = name.removeprefix("test_") if name in ("test_mixtral", "test_granite") \
+                else case[0]
+            sets = test._sets(*case) if hasattr(test, "_sets") else []
             yield (label if label.startswith(spec) else f"{spec}-{label}", spec,
-                   test._reference(*case), test._sets(*case))
+                   test._reference(*case), sets)
     t5 = importlib.import_module("test_t5")
     import torch
     import transformers
@@ -78,7 +83,8 @@ def compile_torch(spec: str, sets: list[str], ref, folder: Path) -> Path:
     `save_pretrained` writes it (the released tensor names)."""
     from conftest import fgc
     ref.save_pretrained(str(folder / "hf"))
-    weights = folder / "hf" / "model.safetensors"
+    # with no --set, the folder: its config.json gives the sizes
+    weights = folder / "hf" if not sets else folder / "hf" / "model.safetensors"
     r = fgc("compile", f"specs/{spec}.fgpt", *sets, "--weights", str(weights), "--target",
             "torch", "-o", str(folder / "torch"), timeout=600)
     if r.returncode != 0:

@@ -135,11 +135,12 @@ def test_which_specs_have_an_incremental_form():
                           "specs/transformer.fgpt", "specs/llama.fgpt", "specs/mistral.fgpt",
                           "specs/qwen2.fgpt", "specs/qwen3.fgpt", "specs/gemma.fgpt",
                           "specs/phi3.fgpt", "specs/gpt_neox.fgpt", "specs/t5.fgpt",
-                          "specs/mixtral.fgpt"}
+                          "specs/mixtral.fgpt", "specs/granite.fgpt"}
     # T5's decoder: its relative position bias plus Mask^AR is causal
     assert [s.path for s in found["specs/t5.fgpt"].sites] == [("dec_attn", "Attention^unscaled")]
     # grouped-query attention keeps its G key/value heads
     assert [s.heads for s in found["specs/llama.fgpt"].sites] == [Poly.sym("G")]
+    assert [s.heads for s in found["specs/granite.fgpt"].sites] == [Poly.sym("G")]
     # the Transformer generates its target; its encoder's self-attention and the decoder's
     # cross-attention keep nothing
     tr = found["specs/transformer.fgpt"]
