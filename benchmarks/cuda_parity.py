@@ -2,8 +2,9 @@
 
 The test suite checks every released decoder spec (and T5) against transformers on CPU;
 this runs the same tiny models (the suite's own cases: tests/test_llama.py,
-test_qwen_gemma.py, test_phi3_neox.py, test_mixtral.py, test_granite.py, test_t5.py) on a
-GPU, where the generated model.py has to keep every tensor it makes on the weights' device:
+test_qwen_gemma.py, test_phi3_neox.py, test_mixtral.py, test_granite.py, test_cohere.py,
+test_t5.py) on a GPU, where the generated model.py has to keep every tensor it makes on
+the weights' device:
 
   * float32 (TF32 off): the module's probabilities on the GPU against transformers' on the
     CPU (the suite's reference) and on the GPU, max |difference|;
@@ -46,7 +47,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 TOL = 1e-5  # float32 probabilities, as the suite holds them on CPU
 MARK, AFTER = "cuda-parity", "llama-small"  # README's block, and the one it follows
 DECODER_TESTS = ("test_llama", "test_qwen_gemma", "test_phi3_neox", "test_mixtral",
-                 "test_granite")
+                 "test_granite", "test_cohere")
 
 
 def log(msg: str) -> None:
@@ -60,7 +61,8 @@ def cases():
     for name in DECODER_TESTS:
         test = importlib.import_module(name)
         for case, label in zip(test.CASES, test.IDS):
-            spec = name.removeprefix("test_") if name in ("test_mixtral", "test_granite") \
+            spec = name.removeprefix("test_") \
+                if name in ("test_mixtral", "test_granite", "test_cohere") \
                 else case[0]
             sets = test._sets(*case) if hasattr(test, "_sets") else []
             yield (label if label.startswith(spec) else f"{spec}-{label}", spec,

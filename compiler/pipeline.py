@@ -285,8 +285,13 @@ class Spec:
         return self._sizes
 
     def _size_symbols(self) -> set[str]:
+        """The hyperparameters in a dimension, a family's size or a loop's bound, and those
+        bound to a module's hyperparameter (its sizes); of the latter, the real-valued ones
+        (a rotary base, an epsilon) are numbers, not sizes, but a real-valued one in a
+        dimension is a size that is not a whole number, which _check_sizes reports."""
         cfg = self.symbolic()
         out: set[str] = set()
+        bound: set[str] = set()
 
         def dims(t) -> None:
             for d in list(t.shape) + [t.family, t.lo if not t.perm else None]:
@@ -305,14 +310,14 @@ class Spec:
                     dims(v.type)
                 for b in e.attrs.get("bindings", {}).values():
                     if isinstance(b, Poly):
-                        out.update(b.symbols())
+                        bound.update(b.symbols())
                 if e.family is not None:
                     out.update(e.family[1].symbols())
         for entry in cfg.count.entries:
             for d in entry.shape:
                 out.update(d.symbols())
         reals = cfg.hypers.reals  # type: ignore[attr-defined]
-        return (out & {h.name for h in self.model.hypers}) - reals
+        return (out | (bound - reals)) & {h.name for h in self.model.hypers}
 
     def _check_sizes(self, hypers: Hypers, preset: S.Preset | None, label: str) -> None:
         """Every hyperparameter that sizes something is a positive whole number."""

@@ -59,6 +59,7 @@ TINY_EXTRA = {
     "specs/qwen2.fgpt": _LLAMA,
     "specs/qwen3.fgpt": {**_LLAMA, "D": 6},
     "specs/granite.fgpt": _LLAMA,
+    "specs/cohere.fgpt": _LLAMA,
     "specs/gemma.fgpt": {**_LLAMA, "D": 6},
     # Phi-3: multi-head, a window shorter than the run
     "specs/phi3.fgpt": {**_LLAMA, "G": 2, "w": 3},

@@ -959,3 +959,19 @@ def test_github_format_escapes_newlines_and_percent(tmp_path):
     for line in r.stdout.splitlines():
         if line.strip():
             assert line.startswith("::"), line
+
+
+# ---------------------------------------------------------------- sizes given as reals
+
+
+@pytest.mark.parametrize("default", ["1e-5", "8.0", "2.5"])
+def test_a_size_given_a_real_default_is_a_located_error(tmp_path, default):
+    """A hyperparameter that sizes a tensor, given a real number (H = 1e-5), is refused at
+    check time at its declaration, as a fraction is; it is never taken for a number such as
+    eps, left out of the sizes, and met again only in the count."""
+    path = write(tmp_path, BASE.replace("H = 8,", f"H = {default},"))
+    r = check(path)
+    errs = assert_rejected(r, path, line=2)
+    assert any("H = " in m and "sizes a tensor but is not a whole number" in m
+               for _, _, m in errs), errs
+    no_crash(fgc("params", path, "--format", "json"))

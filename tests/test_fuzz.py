@@ -656,6 +656,8 @@ FOUND = [
     ("reformer.fgpt", "c = 64, ", "c = inf, ", "ir"),
     # a real hyperparameter that is infinite, substituted into a module's sizes
     ("bert.fgpt", "eps = 1e-12", "eps = -inf", "compile"),
+    # a size given a real default: counted as a symbol, never checked as a size
+    ("reformer.fgpt", "F = 512,", "F = 1e-5,", "params --format json"),
 ]
 
 

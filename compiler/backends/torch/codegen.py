@@ -2554,11 +2554,15 @@ class Generator:
                           for ln in c.body) + "\n".join(x for c in [model_view] for x in
                                                          c.extra_methods)
         used = [n for n in FUNCTIONAL if re.search(rf"\b{n}\(", text)]
-        imports = []
-        if plain := [n for n in used if FUNCTIONAL[n] == n]:
-            imports.append(f"from torch.nn.functional import {', '.join(plain)}")
-        imports += [f"from torch.nn.functional import {FUNCTIONAL[n]} as {n}" for n in used
-                    if FUNCTIONAL[n] != n]
+        # one statement of the plain names and one per renamed one, in isort's order (by
+        # the first name each imports), as ruff checks the generated file
+        statements = []
+        if plain := sorted(n for n in used if FUNCTIONAL[n] == n):
+            statements.append((plain[0], ", ".join(plain)))
+        statements += [(FUNCTIONAL[n], f"{FUNCTIONAL[n]} as {n}") for n in used
+                       if FUNCTIONAL[n] != n]
+        imports = [f"from torch.nn.functional import {names}"
+                   for _, names in sorted(statements)]
         tp_plan = {}  # per class, its split parameters' attributes and axes
         for name, plan in self.tp_plans.items():
             cls = self.model_class if not name else self.module_class(name)

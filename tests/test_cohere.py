@@ -1,0 +1,114 @@
+"""specs/cohere.fgpt against transformers' CohereForCausalLM, holding the same tensors.
+
+Command R (and Aya 23) differ from LLaMA in four places, each written in the spec file
+with no code of its own: one bias-free LayerNorm a layer whose output the attention and
+the feed-forward net read side by side, rotary positions in the interleaved convention,
+and the logits multiplied by config.json's logit_scale. Each preset's count equals the
+class's unique parameters on the meta device. Tiny randomly initialised models
+(grouped-query, multi-query and multi-head attention; a tied and an untied head) are
+saved with `save_pretrained` and compiled with `fgc compile --weights FOLDER` alone: the
+PyTorch module and the ONNX graph (standard and `--optimize ort`) give transformers'
+probabilities to 1e-5, and greedy generation with the key/value cache gives transformers'
+`generate` ids.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from conftest import fgc, peaked_weights
+from hf_parity import (
+    assert_greedy,
+    assert_preset_count,
+    assert_presets_covered,
+    assert_probabilities,
+    compile_targets,
+)
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("onnxruntime")
+
+_COMMAND_R = dict(vocab_size=256000, logit_scale=0.0625, tie_word_embeddings=True,
+                  use_qk_norm=False)
+# (spec, preset): (class, config), sizes as in the released config.json files
+RELEASED = {
+    ("cohere", "command_r_v01"): ("Cohere", dict(
+        num_hidden_layers=40, hidden_size=8192, num_attention_heads=64,
+        num_key_value_heads=64, intermediate_size=22528, rope_theta=8000000.0, **_COMMAND_R)),
+    ("cohere", "command_r_08_2024"): ("Cohere", dict(
+        num_hidden_layers=40, hidden_size=8192, num_attention_heads=64,
+        num_key_value_heads=8, intermediate_size=24576, rope_theta=4000000.0, **_COMMAND_R)),
+    ("cohere", "aya_23_8b"): ("Cohere", dict(
+        num_hidden_layers=32, hidden_size=4096, num_attention_heads=32,
+        num_key_value_heads=8, intermediate_size=14336, **_COMMAND_R)),
+}
+
+
+@pytest.mark.parametrize("spec,preset", sorted(RELEASED), ids=[f"{s}-{p}" for s, p in
+                                                               sorted(RELEASED)])
+def test_preset_count_equals_transformers(spec, preset):
+    assert_preset_count(spec, preset, *RELEASED[(spec, preset)])
+
+
+def test_every_preset_has_a_count_test():
+    assert_presets_covered(RELEASED, ("cohere",))
+
+
+# ---------------------------------------------------------------- tiny models, weights
+
+# (H, A, G, F, V, tied): A / G = 2 tied as released; multi-query with a head of its own;
+# multi-head (Command R v01). N positions.
+N = 16
+CASES = [(16, 4, 2, 24, 50, True), (24, 4, 1, 40, 37, False), (16, 2, 2, 24, 50, True)]
+IDS = [f"H{H}-A{A}-G{G}" + ("-tied" if tied else "") for H, A, G, _, _, tied in CASES]
+
+
+def _reference(H, A, G, F, V, tied):
+    config = transformers.CohereConfig(
+        vocab_size=V, hidden_size=H, intermediate_size=F, num_hidden_layers=2,
+        num_attention_heads=A, num_key_value_heads=G, max_position_embeddings=N,
+        layer_norm_eps=1e-5, tie_word_embeddings=tied, logit_scale=0.3,
+        bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    torch.manual_seed(0)
+    model = transformers.CohereForCausalLM(config).eval()
+    peaked_weights(model)
+    return model
+
+
+@pytest.fixture(scope="module", params=CASES, ids=IDS)
+def compiled(request, tmp_path_factory):
+    case = request.param
+    model = _reference(*case)
+    folder = tmp_path_factory.mktemp("cohere")
+    model.save_pretrained(str(folder / "hf"))
+    # no --set: the sizes and logit_scale are the folder's config.json
+    return case, model, compile_targets("cohere", [], folder / "hf", folder)
+
+
+def test_probabilities_equal_transformers(compiled):
+    case, ref, out = compiled
+    assert_probabilities(ref, out, V=case[4], lengths=(N, 5))
+
+
+def test_greedy_generation_equals_transformers(compiled):
+    case, ref, out = compiled
+    assert_greedy(ref, out, V=case[4], new=10)
+
+
+def test_query_and_key_norms_are_refused(compiled, tmp_path):
+    """Command R+'s use_qk_norm adds norms the spec does not write: its config.json is
+    refused at the key, never compiled without them."""
+    _, _, out = compiled
+    folder = tmp_path / "qk"
+    shutil.copytree(out["torch"].parent / "hf", folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["use_qk_norm"] = True
+    (folder / "config.json").write_text(json.dumps(config))
+    r = fgc("compile", "specs/cohere.fgpt", "--weights", str(folder), "--target", "torch",
+            "-o", str(tmp_path / "refused"))
+    assert r.returncode == 1
+    assert "use_qk_norm" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "refused").exists()
