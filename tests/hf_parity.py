@@ -30,6 +30,13 @@ def compile_targets(spec: str, sets: list[str], weights: Path, folder: Path) -> 
     return out
 
 
+def compile_folder(spec: str, model, folder: Path) -> dict:
+    """`model` as `save_pretrained` writes it (folder/hf), compiled to each target from the
+    folder alone: its config.json gives every size (no --set)."""
+    model.save_pretrained(str(folder / "hf"))
+    return compile_targets(spec, [], folder / "hf", folder)
+
+
 def module(folder: Path):
     """build() of a compiled model.py, with its weights.safetensors where it has one."""
     from safetensors.torch import load_file

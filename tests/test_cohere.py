@@ -24,7 +24,7 @@ from hf_parity import (
     assert_preset_count,
     assert_presets_covered,
     assert_probabilities,
-    compile_targets,
+    compile_folder,
 )
 
 torch = pytest.importorskip("torch")
@@ -82,10 +82,8 @@ def _reference(H, A, G, F, V, tied):
 def compiled(request, tmp_path_factory):
     case = request.param
     model = _reference(*case)
-    folder = tmp_path_factory.mktemp("cohere")
-    model.save_pretrained(str(folder / "hf"))
     # no --set: the sizes and logit_scale are the folder's config.json
-    return case, model, compile_targets("cohere", [], folder / "hf", folder)
+    return case, model, compile_folder("cohere", model, tmp_path_factory.mktemp("cohere"))
 
 
 def test_probabilities_equal_transformers(compiled):

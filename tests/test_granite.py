@@ -20,7 +20,7 @@ from hf_parity import (
     assert_preset_count,
     assert_presets_covered,
     assert_probabilities,
-    compile_targets,
+    compile_folder,
 )
 
 torch = pytest.importorskip("torch")
@@ -74,10 +74,8 @@ def _reference(H, A, G, F, V, tied):
 def compiled(request, tmp_path_factory):
     case = request.param
     model = _reference(*case)
-    folder = tmp_path_factory.mktemp("granite")
-    model.save_pretrained(str(folder / "hf"))
     # no --set: the sizes and the four multipliers are the folder's config.json
-    return case, model, compile_targets("granite", [], folder / "hf", folder)
+    return case, model, compile_folder("granite", model, tmp_path_factory.mktemp("granite"))
 
 
 def test_probabilities_equal_transformers(compiled):
