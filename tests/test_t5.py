@@ -40,8 +40,8 @@ def _config(**sizes) -> transformers.T5Config:
                                  eos_token_id=1)
 
 
-@pytest.fixture(scope="module")
-def compiled(tmp_path_factory):
+def _reference():
+    """The tiny T5ForConditionalGeneration of SIZES, seeded, with peaked weights."""
     torch.manual_seed(0)
     ref = transformers.T5ForConditionalGeneration(_config(**SIZES)).eval()
     peaked_weights(ref)
@@ -49,6 +49,12 @@ def compiled(tmp_path_factory):
         for name, p in ref.named_parameters():
             if "relative_attention_bias" in name:
                 p.normal_(0.0, 2.0)
+    return ref
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    ref = _reference()
     folder = tmp_path_factory.mktemp("t5")
     weights = folder / "model.safetensors"
     # the tied tensors (shared, embed_tokens, lm_head) are one storage: saved apart
