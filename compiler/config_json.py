@@ -278,7 +278,7 @@ def _literal_json(v: S.JsonValue):
         value = _parse(digits, parse_number) * (-1 if v.text.startswith("-") else 1)
         whole = value.denominator == 1 and not any(c in digits for c in ".eE")
         return int(value) if whole else float(value)
-    if v.kind == "list":
+    if v.kind in ("list", "cycle"):  # a cycle: its first period
         return [_literal_json(x) for x in v.items]
     return {"true": True, "false": False, "null": None}[v.kind]
 
@@ -292,7 +292,12 @@ def _parse(text: str, parse_number) -> Fraction:
 
 def _matches(raw, want: S.JsonValue) -> bool:
     """Whether config.json's `raw` is the assumed `want`. A list of the file against one
-    value: every entry is it (`layer_types` all "full_attention")."""
+    value: every entry is it (`layer_types` all "full_attention"). Against a cycle
+    (`["sliding_attention", "full_attention", ...]`): a list whose entries are the cycle's
+    in turn, whatever its length."""
+    if want.kind == "cycle":
+        return isinstance(raw, list) and len(raw) > 0 and all(
+            _matches(x, want.items[k % len(want.items)]) for k, x in enumerate(raw))
     if isinstance(raw, list) and want.kind != "list":
         return all(_matches(x, want) for x in raw)
     if want.kind == "string":
@@ -314,6 +319,8 @@ def _show_literal(v: S.JsonValue) -> str:
         return f'"{v.text}"'
     if v.kind == "list":
         return "[" + ", ".join(_show_literal(x) for x in v.items) + "]"
+    if v.kind == "cycle":
+        return "[" + ", ".join(_show_literal(x) for x in v.items) + ", ...]"
     return v.text
 
 

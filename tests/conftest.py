@@ -60,7 +60,11 @@ TINY_EXTRA = {
     "specs/qwen3.fgpt": {**_LLAMA, "D": 6},
     "specs/granite.fgpt": _LLAMA,
     "specs/cohere.fgpt": _LLAMA,
+    # OLMo 2: query and key norms over A * D = 12 features, not H
+    "specs/olmo2.fgpt": {**_LLAMA, "D": 6},
     "specs/gemma.fgpt": {**_LLAMA, "D": 6},
+    # Gemma 2: sliding and full layers, a window shorter than the run, scores over D_att != D
+    "specs/gemma2.fgpt": {**_LLAMA, "D": 6, "w": 3, "D_att": 8},
     # Phi-3: multi-head, a window shorter than the run
     "specs/phi3.fgpt": {**_LLAMA, "G": 2, "w": 3},
     # Mixtral: 3 experts, 2 chosen at each position

@@ -133,3 +133,25 @@ def test_set_takes_names_with_a_superscript(tmp_path):
     assert json.loads(r.stdout)["total"] > 0
     r = fgc("params", str(path), "--set", "w^^band=2")
     assert r.returncode == 2 and "not a hyperparameter name" in r.stderr
+
+
+RATIO_OF_SIZES = """\
+model Ratio {
+  hyper V = 11, n = 8, H = 6, D = 6, D^att = 10, E = 4
+  input x: {1..V}^n
+  param W_e: R[V, H]
+  X = OneHot(x) @ W_e
+  output y = X * sqrt(D / D^att) + X * (E / D^att) - X * (H * E / (D^att * D))
+}
+"""
+
+
+def test_a_ratio_of_sizes_is_a_real_number_in_both_backends(tmp_path):
+    """`D / D^att` where a value is computed is the real ratio (0.6 for 6 / 10), as ONNX
+    computes it, not Python's integer division of the sizes (0) in the PyTorch module."""
+    assert max(both_backends(tmp_path, RATIO_OF_SIZES)) <= 1e-5
+    _, _, model, _ = torch_with_weights(tmp_path / "spec.fgpt", tmp_path / "torch")
+    x = torch.randint(0, 11, (1, 8), generator=torch.Generator().manual_seed(0))  # 0-based
+    with torch.no_grad():
+        want = model.W_e[x] * (0.6 ** 0.5 + 0.4 - 0.4)
+        assert float((model(x) - want).abs().max()) <= 1e-6

@@ -399,6 +399,29 @@ def test_a_list_against_one_value_means_every_entry(tmp_path):
         C.read_hyperparameters(spec, C.read_config(_folder(tmp_path, config)))
 
 
+def test_a_list_ending_in_dots_repeats_its_entries(tmp_path):
+    """`assume layer_types == ["sliding_attention", "full_attention", ...]` (Gemma 2): a
+    list of any length whose entries are those in turn; another order, another entry or an
+    empty list is refused."""
+    spec = load(str(ROOT / "specs" / "gemma2.fgpt"))
+    base = {"architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2",
+            "num_hidden_layers": 3, "hidden_size": 16, "num_attention_heads": 2,
+            "intermediate_size": 24, "vocab_size": 50, "max_position_embeddings": 8,
+            "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0}
+    s, f = "sliding_attention", "full_attention"
+    for k, (types, held) in enumerate((([s, f, s], True), ([s], True), ([s, f] * 4, True),
+                                       ([f, s, f], False), ([s, s, f], False), ([], False))):
+        config = C.read_config(_folder(tmp_path, {**base, "layer_types": types}, f"m{k}"))
+        if held:
+            C.read_hyperparameters(spec, config)
+            continue
+        with pytest.raises(FgcError) as e:
+            C.read_hyperparameters(spec, config)
+        assert any("specs/gemma2.fgpt assumes "
+                   '["sliding_attention", "full_attention", ...]' in d.message
+                   for d in e.value.diagnostics), types
+
+
 def test_a_folder_no_spec_claims_is_refused_with_the_list(tmp_path):
     folder = _folder(tmp_path, {"architectures": ["FooForCausalLM"], "model_type": "foo",
                                 "hidden_size": 8})

@@ -445,6 +445,77 @@ def test_soft_capping_is_c_tanh_x_over_c(tmp_path):
     assert float(np.abs(got).max()) <= 2.5 and float(np.abs(got).max()) > 2.0
 
 
+CAPPED = """
+module GQA^capped[A, G, D, c](X: R[n, H], Mask: R[n, n]) -> R[n, H] {
+  GQA^capped(X, Mask) = Concat(head_1, ..., head_A) @ W^O
+    where k_j = RoPE(X @ W_j^K) for j in 1..G,
+          v_j = X @ W_j^V for j in 1..G,
+          head_i = ATTENTION(RoPE(X @ W_i^Q), k_{floor((i - 1) * G / A) + 1},
+                             v_{floor((i - 1) * G / A) + 1}, Mask) for i in 1..A
+  param W_i^Q: R[H, D] for i in 1..A
+  param W_j^K: R[H, D] for j in 1..G
+  param W_j^V: R[H, D] for j in 1..G
+  param W^O: R[A * D, H]
+}
+
+# Attention^capped's equations in a module of the spec's own, which no backend fuses
+module Attention^written[c](Q: R[m, d], K: R[n, d], V: R[n, v], Mask: R[m, n]) -> R[m, v] {
+  Attention^written(Q, K, V, Mask) = Softmax(SoftCapping[c]((Q @ K^T) / sqrt(d)) + Mask) @ V
+}
+
+model Capped {
+  hyper L = 2, H = 32, A = 4, G = 2, D = 16, V = 50, n = 8, c = 0.5
+  input x: {1..V}^n
+  param W_e: R[V, H]
+  H^(0) = OneHot(x) @ W_e
+  layers l in 1..L {
+    H^(l) = attn: GQA^capped(ln: RMSNorm(H^(l-1)), Mask^AR) + H^(l-1)
+  }
+  output P = Softmax(ln_f: RMSNorm(H^(L)) @ W_e^T)
+}
+"""
+
+
+def test_capped_attention_is_its_equations_in_every_target(tmp_path):
+    """Attention^capped (Softmax(c tanh(Q K^T / (c sqrt(d))) + Mask) V) is fused: its cap
+    is the `softcap` of onnxruntime's GroupQueryAttention under --optimize ort (and of
+    ONNX's Attention in the standard graph); each target gives what the same equations
+    give written in a module of the spec's own, which nothing fuses, whole and step by
+    step through the cache."""
+    written = tmp_path / "written.fgpt"
+    written.write_text(CAPPED.replace("ATTENTION", "Attention^written[c]"))
+    fused = tmp_path / "fused.fgpt"
+    fused.write_text(CAPPED.replace("ATTENTION", "Attention^capped[c]"))
+    r = fgc("compile", str(written), "--target", "torch", "-o", str(tmp_path / "written"))
+    assert r.returncode == 0, r.stderr
+    reference = module(tmp_path / "written")
+    torch.manual_seed(3)
+    peaked_weights(reference, norm_gain="gamma")
+    weights = tmp_path / "weights.safetensors"
+    safetensors_torch.save_file(reference.state_dict(), str(weights))
+    out = {}
+    for target in ("torch", "onnx", "ort"):
+        extra = ["--kv-cache"] if target != "torch" else []
+        r = fgc("compile", str(fused), *TARGETS[target], *extra, "--weights", str(weights),
+                "-o", str(tmp_path / target))
+        assert r.returncode == 0, r.stderr
+        out[target] = tmp_path / target
+    out["torch"] = module(tmp_path / "torch")
+    x = tokens(50, 8)
+    with torch.no_grad():
+        want = reference.logits(x)
+        assert float((out["torch"].logits(x) - want).abs().max()) <= 1e-5
+    graph = onnx.load(str(out["ort"] / "model.onnx")).graph
+    caps = [onnx.helper.get_attribute_value(a) for n in graph.node
+            if n.op_type == "GroupQueryAttention" for a in n.attribute if a.name == "softcap"]
+    assert caps == [0.5, 0.5]
+    graph = onnx.load(str(out["onnx"] / "model.onnx")).graph
+    assert [onnx.helper.get_attribute_value(a) for n in graph.node if n.op_type == "Attention"
+            for a in n.attribute if a.name == "softcap"] == [0.5, 0.5]
+    for target in ("onnx", "ort"):  # a prompt, then a token at a time, through the cache
+        _steps_as_the_full_recompute(out, target)
+
+
 # ---------------------------------------------------------------- widths no convention turns
 
 BAD = TURN.replace("hyper A = 2, D = 16, H = 6", "hyper A = 2, D = {D}, H = 6")

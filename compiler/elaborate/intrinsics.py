@@ -42,6 +42,8 @@ class Intrinsic:
     params: tuple[str, ...] = ()  # the parameters the fused form reads, by name
     mask_input: str | None = None  # the input that takes a mask (attention)
     scale: float | None = None  # attention: the factor of the scores (None: 1/sqrt(d))
+    softcap: str | None = None  # attention: the hyperparameter c that caps the scaled
+    # scores, c tanh(s / c), before the mask is added (None: no cap)
     width: str | None = None  # window masks: the hyperparameter that is the window's width
     positionwise: bool = False  # acts on each position alone (the incremental analysis)
     chosen: str | None = None  # moe: the hyperparameter that is how many experts each
@@ -60,6 +62,7 @@ class Intrinsic:
 INTRINSICS: dict[str, Intrinsic] = {i.name: i for i in (
     Intrinsic("Attention", "attention", mask_input="Mask"),
     Intrinsic("Attention^unscaled", "attention", mask_input="Mask", scale=1.0),
+    Intrinsic("Attention^capped", "attention", mask_input="Mask", softcap="c"),
     Intrinsic("Mask^BD", "mask", mask=NO_MASK),
     Intrinsic("Mask^AR", "mask", mask=CAUSAL),
     Intrinsic("Mask^AR_next", "mask", mask=CAUSAL),

@@ -374,7 +374,8 @@ class JsonValue:
     """A value as config.json writes it, in an `assume`."""
 
     span: Span
-    kind: str  # string | number | true | false | null | list
+    kind: str  # string | number | true | false | null | list | cycle (`["a", "b", ...]`:
+    # a list of any length whose entries are the items in turn, the first again after the last)
     text: str  # a string's characters, a number as written (`-1`, `1e-5`)
     items: list[JsonValue] = field(default_factory=list)
 

@@ -358,6 +358,11 @@ class _ToSyntax(Transformer):
         return S.JsonValue(self._span(meta), "list", "",
                            [c for c in children if c is not None])
 
+    @v_args(meta=True)
+    def json_cycle(self, meta, children):
+        return S.JsonValue(self._span(meta), "cycle", "",
+                           [c for c in children if isinstance(c, S.JsonValue)])
+
     def hyper_stmt(self, children):
         return ("hyper", children)
 

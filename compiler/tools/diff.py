@@ -403,9 +403,16 @@ def describe(ta: Term, tb: Term, shapes: tuple[dict, dict] | None = None) -> lis
     for m in sorted(ca.keys() & cb.keys()):
         ha = sorted(h for x, _, h in ta.calls if x == m)
         hb = sorted(h for x, _, h in tb.calls if x == m)
-        if ha != hb and len(set(ha)) == len(set(hb)) == 1:
-            notes.append(f"{m} is given {ha[0][len(m):] or 'defaults'} → "
-                         f"{hb[0][len(m):] or 'defaults'}")
+        # one binding each side, and another one (a second call with the same binding is
+        # an added call, said below, not a changed binding)
+        if set(ha) != set(hb) and len(set(ha)) == len(set(hb)) == 1:
+            for one, other, now in ((ha[0], hb[0], "now"), (hb[0], ha[0], "no longer")):
+                if other.startswith(one + " when "):  # the same binding, under a condition
+                    notes.append(f"{m} {now} only{other[len(one):]}")
+                    break
+            else:
+                notes.append(f"{m} is given {ha[0][len(m):] or 'defaults'} → "
+                             f"{hb[0][len(m):] or 'defaults'}")
     added, removed = cb - ca, ca - cb
     for m in sorted(ca.keys() & cb.keys()):
         if ca[m] != cb[m]:

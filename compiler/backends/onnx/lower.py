@@ -2049,6 +2049,7 @@ def _attention(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
     # what the mask means at this use, as the lowering decided (lowering/masks.py); None:
     # a tensor
     kind = callee.masks.get(intrinsic(callee.fn).mask_input)
+    cap = _softcap(callee)  # the scores' soft cap (Attention^capped), or None
     cached = callee.path in lw.sites
     if cached:  # the incremental form: keys of the earlier positions too
         k, v = lw.extend_cache(callee.path, k, v)
@@ -2064,7 +2065,7 @@ def _attention(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
     if lw.optimize == "ort" and (grouped or cached) and kind is not None and kind.causal \
             and not kind.bias and not kind.window:
         out = _ort_group_attention(lw, q, k, v, intrinsic(callee.fn).scale, callee.path,
-                                   padding)
+                                   padding, cap)
         if out is not None:
             return [out]
 
@@ -2116,8 +2117,8 @@ def _attention(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
         # the cached keys and values as they are held, G of them where grouped; under
         # --optimize ort too, where MultiHeadAttention would take A heads copied out of the
         # G cached ones at every step
-        return [_heads_attention(lw, q, k, v, bias, causal, scale, path)]
-    if fused and lw.optimize == "ort":
+        return [_heads_attention(lw, q, k, v, bias, causal, scale, path, cap)]
+    if fused and lw.optimize == "ort" and cap is None:  # (their ops take no cap)
         out = _ort_attention(lw, q, k, v, causal, bias, _int(q.fam.size), path, scale)
         if bias is not None:  # onnxruntime's kernels give NaN for a fully masked query
             out = lw.g.op("Where", [lw.g.op("IsNaN", [out], f"{path}/masked"),
@@ -2128,13 +2129,22 @@ def _attention(lw: Lowerer, callee: Scope, ins: list[V], e: Eqn):
         if bias is not None:
             inputs.append(bias)
         out = lw.g.op("Attention", inputs, path, is_causal=1 if causal else None,
-                      q_num_heads=heads, kv_num_heads=heads, scale=scale,
+                      q_num_heads=heads, kv_num_heads=heads, scale=scale, softcap=cap,
                       softmax_precision=_softmax_precision(lw))
     else:
-        return [_attention_equations(lw, callee, q, k, v, mask, causal, scale)]
+        return [_attention_equations(lw, callee, q, k, v, mask, causal, scale, cap)]
     res = V("real", q.roles, out_own, packed=out, fam=q.fam)
     lw.info(out, res, packed=True)
     return [res]
+
+
+def _softcap(callee: Scope) -> float | None:
+    """The soft cap c of an Attention^capped use (its scores c tanh(s / c)), else None."""
+    name = intrinsic(callee.fn).softcap
+    if name is None:
+        return None
+    c = callee.env.get(name)
+    return c if isinstance(c, float) else float(c.const_value())
 
 
 def _one_family(lw: Lowerer, q: V, k: V, v: V) -> bool:
@@ -2157,7 +2167,7 @@ def _plus_padding(lw: Lowerer, q: V, k: V, mask: V, padding: V, path: str) -> V:
 
 
 def _heads_attention(lw: Lowerer, q: V, k: V, v: V, bias: str | None, causal: bool,
-                     scale: float | None, path: str) -> V:
+                     scale: float | None, path: str, cap: float | None = None) -> V:
     """ONNX's Attention (opset 23) over q's heads and k's and v's, which may be fewer
     (query head i reads key/value head i // (A / G)). Projections still in one product's
     layout, (batch, T, heads · d), are taken and given back so: no Reshape or Transpose
@@ -2176,7 +2186,7 @@ def _heads_attention(lw: Lowerer, q: V, k: V, v: V, bias: str | None, causal: bo
     heads = {"q_num_heads": _int(q.fam.size), "kv_num_heads": _int(k.fam.size)} if flat \
         else {}
     outs = lw.g.node("Attention", inputs, path, 3 if past else 1,
-                     is_causal=1 if causal else None, scale=scale,
+                     is_causal=1 if causal else None, scale=scale, softcap=cap,
                      softmax_precision=_softmax_precision(lw), **heads)
     if past:
         total = Poly.sym(PAST) + k.own[0]
@@ -2196,7 +2206,8 @@ def _rotation_text(r: Rotary) -> str:
 
 
 def _ort_group_attention(lw: Lowerer, q: V, k: V, v: V, scale: float | None,
-                         path: str, padding: V | None = None) -> V | None:
+                         path: str, padding: V | None = None,
+                         cap: float | None = None) -> V | None:
     """onnxruntime's GroupQueryAttention: causal attention of A query heads over G key and
     value heads (G = A too), in one product's layout, with the past keys and values in
     and the present ones out in the incremental form. Where q and k are turned by one
@@ -2249,7 +2260,7 @@ def _ort_group_attention(lw: Lowerer, q: V, k: V, v: V, scale: float | None,
     lengths, n = lw.shared_tables[key]
     inputs = [xq, xk, xv, pk if past else "", pv if past else "", lengths, n]
     attrs = {"num_heads": _int(q.fam.size), "kv_num_heads": _int(kn.fam.size),
-             "scale": scale}
+             "scale": scale, "softcap": cap}
     if rot is not None:
         inputs += list(lw.rotary_tables(rot, total, whole=True)) + [""]
     else:
@@ -2286,7 +2297,8 @@ def _softmax_precision(lw: Lowerer) -> int | None:
 
 
 def _attention_equations(lw: Lowerer, callee: Scope, q: V, k: V, v: V, mask: V | None,
-                         causal: bool, factor: float | None = None) -> V:
+                         causal: bool, factor: float | None = None,
+                         cap: float | None = None) -> V:
     path = callee.path
     if causal:
         mask = lw.causal_table(q.own[0], k.own[0], f"{path}/Mask^AR")
@@ -2303,6 +2315,10 @@ def _attention_equations(lw: Lowerer, callee: Scope, q: V, k: V, v: V, mask: V |
                                        f"{path}/sqrt_d")],
                 f"{path}/scale")
     scores = lw.g.op("Mul", [scores, scale], f"{path}/scaled")
+    if cap is not None:  # Attention^capped: cap * tanh(scores / cap)
+        c = lw.g.const(cap, "real")
+        scores = lw.g.op("Mul", [lw.g.op("Tanh", [lw.g.op("Div", [scores, c], f"{path}/over_c")],
+                                         f"{path}/tanh"), c], f"{path}/capped")
     safe = False
     if mask is not None:
         safe = not causal

@@ -187,12 +187,28 @@ def _py_sym(s, sym: dict) -> Expr:
     return value if isinstance(value, Expr) else dotted(value)
 
 
+def whole(p: Poly) -> bool:
+    """Whether a size expression is a polynomial of whole coefficients and no negative
+    powers: a whole number whatever the sizes (`4 * H + 1`, not `H / A`)."""
+    return all(coef.denominator == 1 and all(e > 0 for _, e in mono)
+               for mono, coef in p.terms.items())
+
+
 def py_const(c, sym: dict) -> Expr:
+    """A constant operand: a real number, or a size expression, exact as the ONNX graph
+    computes it at its sizes: one that divides is N / d over whole polynomials, the whole
+    number N // d where d divides N (`Nb / 2` as a bucket count), else their real ratio
+    (`D / D_att`, 0.6 for 6 / 10), never a floored division."""
     if isinstance(c, float):
         if math.isinf(c):
             return Unary("-", dotted("math.inf")) if c < 0 else dotted("math.inf")
         return Const(c)
-    return py_poly(c, sym)
+    if whole(c):
+        return py_poly(c, sym)
+    num, den = _over_common(c)
+    n, d = py_poly(num, sym), py_poly(den, sym)
+    return IfExp(BinOp(n, "//", d), Compare(BinOp(n, "%", d), "==", Const(0)),
+                 BinOp(n, "/", d))
 
 
 def guard_expr(text: str, sym: dict) -> Expr:
@@ -1257,10 +1273,15 @@ def _sdpa(b: Body, fn: ir.Function, inputs: list[str]) -> list[Line]:
                        "grouped-query attention: each query head's keys")] + pick
 
     scale = intrinsic(fn).scale  # None: sdpa's default, 1/sqrt(d)
+    cap = intrinsic(fn).softcap  # the hyperparameter that caps the scores, or None
 
     def sdpa(comment: str = "", depth: int = 0, **kw: Expr) -> Line:
         if scale is not None:
             kw["scale"] = Const(scale)
+        if cap is not None:  # sdpa takes no cap: the same arguments, written out
+            return Line(Return(_capped_sdpa(q, k, v, dotted(f"self.{cap}"), **kw)),
+                        "scores soft-capped before the mask" if not comment or "sdpa" in
+                        comment else comment, depth)
         return Line(Return(call("sdpa", q, k, v, **kw)), comment, depth)
     if b.gen.padding is not None:
         lines += _padded_sdpa(b, fn, kind, q, k, mask, sdpa)
@@ -1294,6 +1315,26 @@ def _sdpa(b: Body, fn: ir.Function, inputs: list[str]) -> list[Line]:
             [dataclasses.replace(x, depth=x.depth + 1) for x in causal] + \
             [sdpa("this use is given Mask^BD: no mask")]
     return lines + causal
+
+
+def _capped_sdpa(q: Expr, k: Expr, v: Expr, cap: Expr, attn_mask: Expr | None = None,
+                 is_causal: Expr | None = None, scale: Expr | None = None) -> Expr:
+    """What sdpa(q, k, v, attn_mask, is_causal, scale) computes, with the scaled scores s
+    soft-capped to cap * tanh(s / cap) before the mask is added (Attention^capped)."""
+    factor = scale if scale is not None else \
+        BinOp(Subscript(Attr(q, "shape"), (Const(-1),)), "**", Const(-0.5))
+    scores = BinOp(BinOp(q, "@", Attr(k, "mT")), "*", factor)
+    scores = BinOp(cap, "*", call("torch.tanh", BinOp(scores, "/", cap)))
+    if attn_mask is not None:
+        scores = BinOp(scores, "+", attn_mask)
+    if is_causal is not None:  # as sdpa's is_causal: query i sees keys 0 .. i
+        rows, cols = (Subscript(Attr(x, "shape"), (Const(-2),)) for x in (q, k))
+        seen = method(call("torch.ones", rows, cols, dtype=dotted("torch.bool"),
+                           device=Attr(q, "device")), "tril")
+        scores = method(scores, "masked_fill", Unary("~", seen), call("float", Const("-inf")))
+    # the softmax in float32 whatever the model's dtype, as transformers' eager attention
+    weights = call("torch.softmax", scores, dim=Const(-1), dtype=dotted("torch.float32"))
+    return BinOp(method(weights, "to", Attr(v, "dtype")), "@", v)
 
 
 def _padded_sdpa(b: Body, fn: ir.Function, kind: MaskKind | None, q: Expr, k: Expr,
