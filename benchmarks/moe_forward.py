@@ -13,7 +13,8 @@ the last model's onnxruntime threads stop spinning, and right after an untimed r
 same model, which warms what the quiet let cool) and reports the median time of a forward
 pass and the ratio Mixtral / dense (the target: at most 1.5×). A third column runs the same
 MoE computing all E experts densely (its equations, `MoE` redefined in the spec), to show
-what sparsity saves.
+what sparsity saves. The torch modules run twice: as built, and with PREPACK
+(each weight kept reordered for oneDNN, `fgc generate --prepack`).
 
 A forward pass of a few positions is bound by reading the weights, not by arithmetic, and
 a sparse MoE reads every expert some position chose: at 1 position K experts, the dense
@@ -43,6 +44,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 MARK = "moe-forward"
 POINTS = [(1, 1), (1, 16), (4, 128), (1, 512)]
+PREPACKED = "torch, prepacked"  # model.py's PREPACK (fgc generate --prepack)
 SIZES = dict(L=4, H=512, A=8, G=4, F=1024, E=8, K=2, V=32000, n=512)
 THETA = 1e6
 
@@ -102,13 +104,14 @@ def weights_ratio(read: list[int], dense: int) -> float:
 
 
 def build(folder: Path, name: str, spec: Path, sets: dict, target: str, weights: Path):
-    """A forward pass to the logits: the torch module's logits(), or the ONNX graph
-    compiled with the logits alone (`--outputs logits`), its padding mask left at none."""
+    """A forward pass to the logits: the torch module's logits() (PREPACK set for the
+    target "torch, prepacked"), or the ONNX graph compiled with the logits alone
+    (`--outputs logits`), its padding mask left at none."""
     from compiler.emit import compile_spec
     out = folder / name
     onnx = target == "onnx"
-    compile_spec(str(spec), str(out), target, None, sets=sets, weights=str(weights),
-                 outputs=["logits"] if onnx else None)
+    compile_spec(str(spec), str(out), "onnx" if onnx else "torch", None, sets=sets,
+                 weights=str(weights), outputs=["logits"] if onnx else None)
     if onnx:
         from runtime import load
         model = load(out, provider="cpu", threads=int(os.environ["FGC_BENCH_THREADS"]),
@@ -120,6 +123,7 @@ def build(folder: Path, name: str, spec: Path, sets: dict, target: str, weights:
     module = importlib.util.module_from_spec(found)
     sys.modules[found.name] = module
     found.loader.exec_module(module)
+    module.PREPACK = target == PREPACKED
     model = module.build().eval()
     model.load_state_dict(load_file(str(out / "weights.safetensors")))
     return model.logits
@@ -154,15 +158,15 @@ def main() -> None:
     del mixtral
     rows = []
     with torch.inference_mode():
-        for target in ("torch", "onnx"):
+        for k, target in enumerate(("torch", PREPACKED, "onnx")):
             runs = {
-                "dense SwiGLU of K·F": build(folder, f"llama_{target}", ROOT / "specs" /
+                "dense SwiGLU of K·F": build(folder, f"llama_{k}", ROOT / "specs" /
                                              "llama.fgpt", dense, target,
                                              dense_hf / "model.safetensors"),
-                "MoE, K of E": build(folder, f"mixtral_{target}", ROOT / "specs" /
+                "MoE, K of E": build(folder, f"mixtral_{k}", ROOT / "specs" /
                                      "mixtral.fgpt", moe, target,
                                      sparse_hf / "model.safetensors"),
-                "MoE, every expert": build(folder, f"every_{target}", everything, moe,
+                "MoE, every expert": build(folder, f"every_{k}", everything, moe,
                                            target, sparse_hf / "model.safetensors"),
             }
             for point, x in inputs.items():

@@ -86,9 +86,11 @@ def kernels(module, rows: int) -> str:
     """Which kernel a compiled model.py's `project` kept for each weight shape at this many
     rows (its KERNELS, filled as the first products are timed), e.g. "oneDNN: 768 × 768;
     GEMM: ..."."""
+    names = {id(module.onednn): "oneDNN", id(getattr(module, "transposed", None)): "GEMM of the "
+             "rows", id(getattr(module, "prepacked", None)): "oneDNN, prepacked"}
     picks: dict[str, list[str]] = {}
     for (bucket, shape, _, _), kernel in module.KERNELS.items():
         if bucket == rows.bit_length():
-            name = "oneDNN" if kernel is module.onednn else "GEMM"
+            name = names.get(id(kernel), "GEMM")
             picks.setdefault(name, []).append(" × ".join(map(str, shape)))
     return "; ".join(f"{k}: {', '.join(v)}" for k, v in sorted(picks.items(), reverse=True))

@@ -14,12 +14,14 @@ The cache is one JSON file, `runtime.files.cache_home() / "kernels.json"`
 (`$XDG_CACHE_HOME/fgc/kernels.json`, `~/.cache/fgc/kernels.json`, in the 0700 folder the
 other caches use):
 
-    {"format": 1, "machines": {"<CPU model name> | torch <version>":
+    {"format": 1, "machines": {"<CPU model name> | torch <version>[ | prepack]":
                                {"[bits, [shape], [stride], threads]":
-                                "onednn" | "matmul" | "transposed"}}}
+                                "onednn" | "matmul" | "transposed" | "prepacked"}}}
 
 The machine is the processor's model name (/proc/cpuinfo, else `platform.processor()`)
-and torch's version; the inner key is model.py's KERNELS key as JSON. It is read back
+and torch's version, and "prepack" for a module run with PREPACK (whose candidates
+include the kept copies: its choices are another machine's); the inner key is model.py's
+KERNELS key as JSON. It is read back
 strictly and never unpickled: a file that is a link, another user's, over `LIMIT` bytes
 or not this JSON is ignored, and an entry of another type or kernel name is dropped.
 Writes go through `atomic_write` (a link at the path is replaced, never written through);
@@ -46,7 +48,7 @@ MACHINES = 16  # machines kept; past this the least recently written go
 ENTRIES = 512  # shape classes kept per machine; past this the oldest go
 MAX_RANK = 8
 CPUINFO_LIMIT = 256 * 2**10  # bytes of /proc/cpuinfo read: the first processor's lines suffice
-NAMES = ("onednn", "matmul", "transposed")
+NAMES = ("onednn", "matmul", "transposed", "prepacked")
 
 Key = tuple[int, tuple[int, ...], tuple[int, ...], int]
 
@@ -74,10 +76,12 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
-def machine() -> str:
-    """This machine's name in the cache: the CPU model and torch's version."""
+def machine(module=None) -> str:
+    """This machine's name in the cache: the CPU model and torch's version, and whether
+    `module` (a compiled model.py) keeps its weights prepacked."""
     import torch
-    return f"{cpu_model()} | torch {torch.__version__}"
+    packed = " | prepack" if getattr(module, "PREPACK", False) is True else ""
+    return f"{cpu_model()} | torch {torch.__version__}{packed}"
 
 
 # ---------------------------------------------------------------- keys
@@ -160,11 +164,14 @@ def _compiled(module) -> bool:
 
 def _kernels(module) -> dict:
     """The kernels by name that `module` (a compiled model.py) chooses among; a model.py
-    without `transposed` (compiled by an earlier fgc) has the other two."""
+    compiled by an earlier fgc lacks `transposed` or `prepacked`, and `prepacked` is one
+    only where the module's PREPACK is set."""
     import torch
     kernels = {"onednn": module.onednn, "matmul": torch.matmul}
     if hasattr(module, "transposed"):
         kernels["transposed"] = module.transposed
+    if hasattr(module, "prepacked") and getattr(module, "PREPACK", False) is True:
+        kernels["prepacked"] = module.prepacked
     return kernels
 
 
@@ -179,7 +186,7 @@ def prefill(module) -> int:
     import torch
     kernels = _kernels(module)
     added = 0
-    for (bits, shape, stride, threads), name in load(path).get(machine(), {}).items():
+    for (bits, shape, stride, threads), name in load(path).get(machine(module), {}).items():
         key = bits, torch.Size(shape), stride, threads  # as project() makes it
         if key not in module.KERNELS and name in kernels:
             module.KERNELS[key] = kernels[name]
@@ -203,7 +210,7 @@ def remember(module) -> int:
     path = cache_file() if chosen else None
     if path is None:
         return 0
-    here = machine()
+    here = machine(module)
     try:
         machines = load(path)
         entries = machines.pop(here, {})

@@ -158,7 +158,7 @@ def test_an_oversized_cache_file_is_ignored(cache):
 def test_another_machines_choices_are_not_taken(cache, monkeypatch):
     kernels.remember(filled(fake_model()))
     with monkeypatch.context() as m:
-        m.setattr(kernels, "machine", lambda: "Some Other CPU | torch 0.0")
+        m.setattr(kernels, "machine", lambda module=None: "Some Other CPU | torch 0.0")
         assert kernels.prefill(fake_model()) == 0
         other = fake_model()
         other.KERNELS[(2, torch.Size([8, 8]), (8, 1), 1)] = torch.matmul
@@ -224,3 +224,43 @@ def test_fgc_generate_keeps_the_choices_per_machine(cache, monkeypatch, capsys):
     assert "CPU kernel choices: 1 file" in capsys.readouterr().out
     assert main(["cache", "clear"]) == 0
     assert not cache.exists()
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN: no choice")
+def test_fgc_generate_prepack_gives_the_same_ids_and_its_own_choices(cache, capsys):
+    """`--prepack` keeps the module's weights reordered for oneDNN: the same ids as without,
+    and its choices (among which the kept copies) filed under a machine of their own, so a
+    process without it never reads "prepacked" back."""
+    args = ["generate", "specs/gpt2.fgpt", *TINY, "--backend", "torch", "--prompt-ids",
+            "1,2,3", "--max-new-tokens", "8"]
+    torch.manual_seed(0)  # the same random weights in both runs (no weights file)
+    assert main(args) == 0
+    plain = capsys.readouterr().out.splitlines()[-1]
+    torch.manual_seed(0)
+    assert main([*args, "--prepack"]) == 0, capsys.readouterr().err
+    assert capsys.readouterr().out.splitlines()[-1] == plain
+    machines = kernels.load(cache)
+    packed = kernels.machine(types.SimpleNamespace(PREPACK=True))
+    assert set(machines) == {kernels.machine(), packed} and packed.endswith(" | prepack")
+    assert "prepacked" not in machines[kernels.machine()].values()
+
+
+def test_prepack_is_refused_for_an_onnx_model(capsys):
+    """--prepack is the PyTorch module's: asked of an ONNX model, a usage error before
+    anything is compiled, not a flag ignored."""
+    assert main(["generate", "specs/gpt2.fgpt", *TINY, "--prompt-ids", "1,2",
+                 "--max-new-tokens", "2", "--prepack"]) == 2
+    assert "--prepack is for the PyTorch module" in capsys.readouterr().err
+
+
+def test_prepacked_choices_are_read_back_only_with_prepack(cache):
+    module = fake_model()
+    module.prepacked, module.PREPACK = (lambda x, w: x @ w), True
+    module.KERNELS[(1, torch.Size([16, 48]), (48, 1), 2)] = module.prepacked
+    assert kernels.remember(module) == 1
+    again = fake_model()
+    again.prepacked, again.PREPACK = module.prepacked, True
+    assert kernels.prefill(again) == 1 and list(again.KERNELS.values()) == [module.prepacked]
+    plain = fake_model()
+    plain.prepacked, plain.PREPACK = module.prepacked, False
+    assert kernels.prefill(plain) == 0 and plain.KERNELS == {}

@@ -716,8 +716,10 @@ def _linear_ops(model, call, ops=("mkldnn::_linear_pointwise",)) -> int:
 
 
 def _chosen(module, model, x) -> None:
-    """Forward passes until project() has chosen a kernel for every shape class it met."""
-    for _ in range(4 * module.SAMPLES):
+    """Forward passes until project() has chosen a kernel for every shape class it met
+    (a class of one product a pass: each of up to 4 candidates' first product untimed,
+    then SAMPLES each)."""
+    for _ in range(4 * (module.SAMPLES + 1) + 2):
         model.logits(x)
         if not module.TRIALS:
             return
@@ -778,6 +780,60 @@ def test_kernels_are_timed_on_the_products_the_pass_makes(compiled):
         _chosen(module, model, x)
         assert _linear_ops(model, lambda m: m.logits(x), products) == first
         assert not module.TRIALS and len(module.KERNELS) >= 3
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch without oneDNN")
+def test_prepacked_weights_are_kept_and_renewed(compiled):
+    """PREPACK: project() adds the candidate that keeps each parameter's weight reordered
+    for oneDNN. With it kept everywhere every weight product reads a copy made once (one
+    per view of a parameter, none for a weight the pass computes), the logits are the
+    plain product's, a parameter written to gets a new copy at its next product, and a
+    module without PREPACK keeps no copy."""
+    sets = GOLDEN_SETS
+    path, _ = compiled("specs/formal/gpt2.fgpt", None, sets)
+    module = import_model(path)
+    module.PREPACK = True
+    model = _randomised(module.build(), seed=3)
+    x = torch.randint(0, sets["V"], (3, 7), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        _chosen(module, model, x)
+        for key in module.KERNELS:
+            module.KERNELS[key] = module.prepacked
+        fast = model.logits(x)
+
+        def copies():
+            params = {id(p) for p in model.parameters()}
+            return {(id(base), view): id(packed) for base, kept in module.PACKED.items()
+                    if id(base) in params for view, (_, packed) in kept.items()}
+
+        kept = copies()
+        assert len(kept) == 6 * sets["L"] + 1  # q, k, v, o, the feed-forward pair; the head
+        assert _linear_ops(model, lambda m: m.logits(x)) == 6 * sets["L"] + 1
+        assert copies() == kept  # the same copies on the next pass
+        module.ONEDNN = False
+        try:
+            plain = model.logits(x)
+        finally:
+            module.ONEDNN = True
+        assert (fast - plain).abs().max().item() <= 1e-5 * plain.abs().max().item()
+        head = model.W_e if hasattr(model, "W_e") else next(
+            p for n, p in model.named_parameters() if n.endswith("W_e"))
+        head.mul_(2)  # written to: its version moves, its copy is made again
+        module.ONEDNN = False
+        try:
+            plain = model.logits(x)
+        finally:
+            module.ONEDNN = True
+        assert (model.logits(x) - plain).abs().max().item() <= \
+            1e-5 * plain.abs().max().item()
+        renewed = copies()
+        assert renewed.keys() == kept.keys()
+        assert [k for k in kept if renewed[k] != kept[k]] == [
+            k for k in kept if k[0] == id(head)]
+    other = import_model(path)  # PREPACK unset: no copies
+    with torch.no_grad():
+        _chosen(other, _randomised(other.build(), seed=3), x)
+    assert not other.PACKED and other.prepacked not in set(other.KERNELS.values())
 
 
 @pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
