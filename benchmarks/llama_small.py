@@ -567,8 +567,8 @@ def main() -> None:
     quick, threads = args.quick, args.threads
     new = args.new or (16 if quick else 64)
     # (passes, warm-up calls per block, timed calls per block)
-    decode_plan, prefill_plan = ((1, 0, 1), (1, 1, 2)) if quick else ((5, 1, 3), (3, 1, 3))
-    steps_plan = (1, 1) if quick else (4, 5)  # the graphs alone: (processes, rounds in each)
+    decode_plan, prefill_plan = ((1, 0, 1), (1, 1, 2)) if quick else ((8, 1, 2), (3, 1, 3))
+    steps_plan = (1, 1) if quick else (8, 3)  # the graphs alone: (processes, rounds in each)
     emit_reps = 1 if quick else 3
     load_before, started = os.getloadavg()[0], time.perf_counter()
     if load_before > 0.5:

@@ -124,8 +124,10 @@ def build(folder: Path, name: str, spec: Path, sets: dict, target: str, weights:
     sys.modules[found.name] = module
     found.loader.exec_module(module)
     module.PREPACK = target == PREPACKED
-    model = module.build().eval()
-    model.load_state_dict(load_file(str(out / "weights.safetensors")))
+    import torch
+    with torch.inference_mode(False):  # parameters that keep a version (PREPACK needs it)
+        model = module.build().eval()
+        model.load_state_dict(load_file(str(out / "weights.safetensors")))
     return model.logits
 
 

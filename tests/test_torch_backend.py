@@ -774,7 +774,7 @@ def test_kernels_are_timed_on_the_products_the_pass_makes(compiled):
     with torch.no_grad():
         first = _linear_ops(model, lambda m: m.logits(x), products)
         assert module.TRIALS  # the output projection, one product a pass: still timed
-        for times, _ in module.TRIALS.values():  # the candidates take turns
+        for _, times, _ in module.TRIALS.values():  # the candidates take turns
             counts = [len(t) for t in times]
             assert counts == sorted(counts, reverse=True) and counts[0] - counts[-1] <= 1
         _chosen(module, model, x)
@@ -834,6 +834,16 @@ def test_prepacked_weights_are_kept_and_renewed(compiled):
     with torch.no_grad():
         _chosen(other, _randomised(other.build(), seed=3), x)
     assert not other.PACKED and other.prepacked not in set(other.KERNELS.values())
+    # parameters made under inference_mode keep no version: no copy, the plain oneDNN
+    made = import_model(path)
+    made.PREPACK = True
+    with torch.inference_mode():
+        model = _randomised(made.build(), seed=3)
+        _chosen(made, model, x)
+        for key in made.KERNELS:
+            made.KERNELS[key] = made.prepacked
+        assert (model.logits(x) - fast).abs().max().item() <= 1e-5 * fast.abs().max().item()
+    assert not made.PACKED
 
 
 @pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,

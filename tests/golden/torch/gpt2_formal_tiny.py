@@ -68,7 +68,7 @@ def causal_mask(rows, cols, device=None):
 ONEDNN = True
 PREPACK = False
 KERNELS = {}
-TRIALS = {}  # a shape class still timed: each candidate's times, the (candidate, x shape)s run
+TRIALS = {}  # a shape class still timed: its candidates, their times, the (candidate, x shape)s run
 SAMPLES = 3  # products each candidate times before the choice
 PACKED = None  # {parameter: {view: (version, packed copy)}}, weakly keyed, made when needed
 
@@ -84,16 +84,23 @@ def transposed(x, w):
     return (w.mT @ x.mT).mT
 
 
+def packable(w):
+    """Whether PREPACK may keep a copy of w: a view of a parameter (not a weight the forward
+    pass computes, whose copy would serve once) made outside torch.inference_mode() (which
+    keeps no version, so a write to the parameter would go unseen)."""
+    base = w if w._base is None else w._base
+    return isinstance(base, nn.Parameter) and not base.is_inference()
+
+
 def packed_copy(w, make=True):
-    """w's copy in oneDNN's layout for PREPACK: the one kept, made anew (when `make`) at
-    w's first product and once its parameter has been written to (its version moved); None
-    for a weight that is not a view of a parameter (one the forward pass computes, whose
-    copy would serve once) or, without `make`, that has no current copy."""
+    """The copy of w (packable) in oneDNN's layout that PREPACK keeps: the one made before,
+    or (when `make`) one made now, at w's first product and once its parameter has been
+    written to (its version moved); None where there is none and `make` is not asked."""
     global PACKED
     base = w if w._base is None else w._base
-    if not isinstance(base, nn.Parameter) or PACKED is None and not make:
-        return None
     if PACKED is None:
+        if not make:
+            return None
         PACKED = torch.utils.weak.WeakIdKeyDictionary()  # a copy goes with its parameter
     views = PACKED.setdefault(base, {})
     view = w.storage_offset(), w.shape, w.stride()
@@ -107,11 +114,11 @@ def packed_copy(w, make=True):
 
 
 def prepacked(x, w):
-    """x @ w through oneDNN's inner product on w's kept copy in oneDNN's layout (PREPACK)."""
-    packed = packed_copy(w) if PREPACK else None
-    if packed is None:
+    """x @ w through oneDNN's inner product on w's kept copy in oneDNN's layout (PREPACK);
+    onednn() for a weight that is not packable."""
+    if not (PREPACK and packable(w)):
         return onednn(x, w)
-    return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+    return torch.ops.mkldnn._linear_pointwise(x, packed_copy(w), None, "none", [], "")
 
 
 def trial(key, x, w):
@@ -124,13 +131,14 @@ def trial(key, x, w):
     the weight across its rows."""
     from time import perf_counter  # here: model.py imports torch and math only
 
-    kernels = (onednn, torch.matmul) + ((transposed,) if w.mT.is_contiguous() else ()) + \
-        ((prepacked,) if PREPACK else ())
-    times, seen = TRIALS.get(key, ((), None))
-    if len(times) != len(kernels):  # a new class, or PREPACK set while it was timed
-        times, seen = TRIALS[key] = [[] for _ in kernels], set()
+    if key not in TRIALS:  # the candidates, as the class's first product finds them
+        kernels = (onednn, torch.matmul) + ((transposed,) if w.mT.is_contiguous() else ()) \
+            + ((prepacked,) if PREPACK and packable(w) else ())
+        TRIALS[key] = kernels, [[] for _ in kernels], set()
+    kernels, times, seen = TRIALS[key]
     k = min(range(len(kernels)), key=lambda i: len(times[i]))
-    if (k, x.shape) not in seen or kernels[k] is prepacked and packed_copy(w, False) is None:
+    fresh = kernels[k] is prepacked and packable(w) and packed_copy(w, False) is None
+    if (k, x.shape) not in seen or fresh:
         seen.add((k, x.shape))
         return kernels[k](x, w)
     start = perf_counter()
