@@ -191,6 +191,28 @@ def test_the_experts_are_stored_one_contiguous_matrix_each(tmp_path):
         == (32, 4, 64)
 
 
+def test_one_position_takes_its_experts_in_turn_with_the_same_sums(tmp_path):
+    """A decoding step's single position runs its K experts one after the other in the
+    order of their ids, with no sort or scatter, and gives what the general path gives that
+    position among others (up to the products' rounding for one row against several), in
+    inference and under grad."""
+    spec = tmp_path / "moe.fgpt"
+    spec.write_text(MOE.format(E=5, K=3))
+    r = fgc("compile", str(spec), "--target", "torch", "-o", str(tmp_path / "torch"))
+    assert r.returncode == 0, r.stderr
+    model = module(tmp_path / "torch")
+    x = tokens(50, 16, B=3)
+    for grad in (False, True):
+        with torch.set_grad_enabled(grad):
+            many = model(x)
+            for b in range(x.shape[0]):
+                for t in (0, 7, 15):
+                    one = model(x[b:b + 1, t:t + 1])  # (1, 1): the one-position path
+                    scale = many[b, t].abs().max().item()
+                    assert (one[0, 0] - many[b, t]).abs().max().item() <= 1e-5 * scale, \
+                        (grad, b, t)
+
+
 def test_every_product_kernel_of_the_experts_agrees(tmp_path):
     """In CPU float32 inference the experts' products go through project(), which times its
     kernels on the first products of each shape; the GEMM of the stored (out, in) rows
