@@ -86,11 +86,12 @@ def kernels(module, rows: int) -> str:
     """Which kernel a compiled model.py's `project` kept for each weight shape at this many
     rows (its KERNELS, filled as the first products are timed), e.g. "oneDNN: 768 × 768;
     GEMM: ..."."""
-    names = {id(module.onednn): "oneDNN", id(getattr(module, "transposed", None)): "GEMM of the "
-             "rows", id(getattr(module, "prepacked", None)): "oneDNN, prepacked"}
+    names = {getattr(module, kernel, None): name for kernel, name in (
+        ("onednn", "oneDNN"), ("transposed", "GEMM of the rows"),
+        ("prepacked", "oneDNN, prepacked"))}
     picks: dict[str, list[str]] = {}
     for (bucket, shape, _, _), kernel in module.KERNELS.items():
         if bucket == rows.bit_length():
-            name = names.get(id(kernel), "GEMM")
+            name = names.get(kernel, "GEMM")
             picks.setdefault(name, []).append(" × ".join(map(str, shape)))
     return "; ".join(f"{k}: {', '.join(v)}" for k, v in sorted(picks.items(), reverse=True))

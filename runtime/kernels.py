@@ -80,8 +80,13 @@ def machine(module=None) -> str:
     """This machine's name in the cache: the CPU model and torch's version, and whether
     `module` (a compiled model.py) keeps its weights prepacked."""
     import torch
-    packed = " | prepack" if getattr(module, "PREPACK", False) is True else ""
-    return f"{cpu_model()} | torch {torch.__version__}{packed}"
+    return f"{cpu_model()} | torch {torch.__version__}" + (" | prepack" if _prepack(module)
+                                                          else "")
+
+
+def _prepack(module) -> bool:
+    """Whether `module` (a compiled model.py) runs with PREPACK set."""
+    return getattr(module, "PREPACK", False) is True
 
 
 # ---------------------------------------------------------------- keys
@@ -170,7 +175,7 @@ def _kernels(module) -> dict:
     kernels = {"onednn": module.onednn, "matmul": torch.matmul}
     if hasattr(module, "transposed"):
         kernels["transposed"] = module.transposed
-    if hasattr(module, "prepacked") and getattr(module, "PREPACK", False) is True:
+    if hasattr(module, "prepacked") and _prepack(module):
         kernels["prepacked"] = module.prepacked
     return kernels
 

@@ -1,11 +1,14 @@
 """What the tests of released decoder specs against transformers share (test_llama.py,
-test_qwen_gemma.py, test_phi3_neox.py): a tiny transformers model's weights compiled to
-every target through `--weights`, then its probabilities and its greedy generation."""
+test_qwen_gemma.py, test_phi3_neox.py, test_granite.py, ...): a tiny transformers model's
+weights compiled to every target through `--weights`, then its probabilities and its
+greedy generation; a saved folder whose config.json asks for what the spec does not
+write, refused."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -118,3 +121,28 @@ def assert_presets_covered(released: dict, specs: tuple[str, ...]) -> None:
     assert want == have, f"presets without a count test: {sorted(want - have)}; " \
                          f"rows without a preset: {sorted(have - want)}"
 
+
+
+DELETE = object()  # refused_config(): the key taken out of config.json
+
+
+def refused_config(folder: Path, tmp_path: Path, spec: str | None = None, **change):
+    """`fgc compile` of a copy of the saved `folder` whose config.json has the keys of
+    `change` set (or, given DELETE, taken out), through specs/<spec>.fgpt or, without one,
+    the spec its architectures name: refused (exit 1, no traceback, nothing written), at
+    config.json. The compile's result, for what its message must say."""
+    bad = tmp_path / "changed"
+    shutil.copytree(folder, bad)
+    config = json.loads((bad / "config.json").read_text())
+    for key, value in change.items():
+        if value is DELETE:
+            del config[key]
+        else:
+            config[key] = value
+    (bad / "config.json").write_text(json.dumps(config, indent=2))
+    source = [f"specs/{spec}.fgpt", "--weights", str(bad)] if spec else [str(bad)]
+    r = fgc("compile", *source, "--target", "torch", "-o", str(tmp_path / "refused"))
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert f"{bad / 'config.json'}:" in r.stderr
+    assert not (tmp_path / "refused").exists()
+    return r

@@ -16,7 +16,6 @@ greedy generation with the key/value cache gives transformers' `generate` ids.
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 from conftest import fgc, peaked_weights
@@ -26,6 +25,7 @@ from hf_parity import (
     assert_presets_covered,
     assert_probabilities,
     compile_folder,
+    refused_config,
 )
 
 torch = pytest.importorskip("torch")
@@ -147,19 +147,13 @@ def test_a_gemma2_folder_finds_its_spec_and_refuses_what_it_does_not_write(compi
             ("final_logit_softcapping", None,
              "config.json has no `final_logit_softcapping`, from which specs/gemma2.fgpt "
              "reads `c_logit`")):
-        bare = tmp_path / key
-        shutil.copytree(folder, bare)
-        changed = dict(config)
-        changed[key] = value[:len(config["layer_types"])] if isinstance(value, list) else value
-        (bare / "config.json").write_text(json.dumps(changed, indent=2))
-        r = fgc("compile", "specs/gemma2.fgpt", "--weights", str(bare), "--target", "torch",
-                "-o", str(tmp_path / f"refused-{key}"))
-        assert r.returncode == 1 and "Traceback" not in r.stderr
+        value = value[:len(config["layer_types"])] if isinstance(value, list) else value
+        r = refused_config(folder, tmp_path / key, "gemma2", **{key: value})
         assert message in r.stderr
+        bare = tmp_path / key / "changed"
         if key == "layer_types":  # at the key's line, with the spec's assumption
             line = 1 + next(k for k, text in enumerate(
                 (bare / "config.json").read_text().splitlines()) if '"layer_types"' in text)
             assert f"{bare}/config.json:{line}:3: error:" in r.stderr
             assert "note: the assumption" in r.stderr
         assert f"{bare}/config.json:" in r.stderr and "specs/gemma2.fgpt:" in r.stderr
-        assert not (tmp_path / f"refused-{key}").exists()

@@ -16,11 +16,13 @@ from __future__ import annotations
 import pytest
 from conftest import fgc, peaked_weights
 from hf_parity import (
+    DELETE,
     assert_greedy,
     assert_preset_count,
     assert_presets_covered,
     assert_probabilities,
     compile_folder,
+    refused_config,
 )
 
 torch = pytest.importorskip("torch")
@@ -92,20 +94,10 @@ def test_a_granite_folder_finds_its_spec_and_needs_every_multiplier(compiled, tm
     """`fgc compile FOLDER` finds specs/granite.fgpt by config.json's architectures and reads
     each multiplier from its key; a config.json without one is refused with the key named,
     never compiled with a multiplier of 1."""
-    import json
-    import shutil
     _, _, out = compiled
     folder = out["torch"].parent / "hf"
     r = fgc("compile", str(folder), "--target", "torch", "-o", str(tmp_path / "found"))
     assert r.returncode == 0, r.stderr
     assert "granite.fgpt" in r.stdout + r.stderr
-    bare = tmp_path / "bare"
-    shutil.copytree(folder, bare)
-    config = json.loads((bare / "config.json").read_text())
-    del config["residual_multiplier"]
-    (bare / "config.json").write_text(json.dumps(config))
-    r = fgc("compile", "specs/granite.fgpt", "--weights", str(bare), "--target", "torch",
-            "-o", str(tmp_path / "refused"))
-    assert r.returncode == 1
+    r = refused_config(folder, tmp_path, "granite", residual_multiplier=DELETE)
     assert "residual_multiplier" in r.stderr
-    assert not (tmp_path / "refused").exists()

@@ -1325,13 +1325,12 @@ def _capped_sdpa(q: Expr, k: Expr, v: Expr, cap: Expr, attn_mask: Expr | None = 
         BinOp(Subscript(Attr(q, "shape"), (Const(-1),)), "**", Const(-0.5))
     scores = BinOp(BinOp(q, "@", Attr(k, "mT")), "*", factor)
     scores = BinOp(cap, "*", call("torch.tanh", BinOp(scores, "/", cap)))
+    if is_causal is not None:  # sdpa's is_causal (as many keys as queries): Mask^AR's table
+        rows, cols = (Subscript(Attr(x, "shape"), (Const(-2),)) for x in (q, k))
+        attn_mask = method(call("causal_mask", rows, cols, Attr(q, "device")), "to",
+                           Attr(q, "dtype"))
     if attn_mask is not None:
         scores = BinOp(scores, "+", attn_mask)
-    if is_causal is not None:  # as sdpa's is_causal: query i sees keys 0 .. i
-        rows, cols = (Subscript(Attr(x, "shape"), (Const(-2),)) for x in (q, k))
-        seen = method(call("torch.ones", rows, cols, dtype=dotted("torch.bool"),
-                           device=Attr(q, "device")), "tril")
-        scores = method(scores, "masked_fill", Unary("~", seen), call("float", Const("-inf")))
     # the softmax in float32 whatever the model's dtype, as transformers' eager attention
     weights = call("torch.softmax", scores, dim=Const(-1), dtype=dotted("torch.float32"))
     return BinOp(method(weights, "to", Attr(v, "dtype")), "@", v)

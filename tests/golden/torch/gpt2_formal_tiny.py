@@ -60,7 +60,7 @@ def causal_mask(rows, cols, device=None):
 #
 # oneDNN reorders a plain weight into its own blocked layout at every product: a product
 # of a few rows reads the weight twice and writes it once. PREPACK = True (set before the
-# first product; runtime.load(..., prepack=True), fgc generate --prepack) adds a candidate
+# first product, as fgc generate --prepack sets it) adds a candidate
 # that reorders each parameter's weight once and keeps the copy in PACKED while the
 # parameter lives and is not written to, for twice the weights' memory: on a 2-core AMD
 # EPYC a Llama-style decoding step (125 M parameters) took 1.3 (batch 1) to 1.5 (batch
