@@ -1,8 +1,18 @@
 """What the tests of released decoder specs against transformers share (test_llama.py,
-test_qwen_gemma.py, test_phi3_neox.py, test_granite.py, ...): a tiny transformers model's
-weights compiled to every target through `--weights`, then its probabilities and its
-greedy generation; a saved folder whose config.json asks for what the spec does not
-write, refused."""
+test_qwen_gemma.py, test_phi3_neox.py, test_granite.py, ...): the presets' counts against
+the classes on the meta device; a tiny transformers model's weights compiled to every
+target through `--weights`, then its probabilities and its greedy generation; a saved
+folder whose config.json asks for what the spec does not write, refused.
+
+A test file takes the tests every such file has from count_tests(), folder_fixture() and
+parity_tests(), bound to its own module names (pytest collects them there):
+
+    test_preset_count_equals_transformers, test_every_preset_has_a_count_test = \
+        count_tests(RELEASED, ("granite",))
+    compiled = folder_fixture("granite", CASES, IDS, _reference)
+    test_probabilities_equal_transformers, test_greedy_generation_equals_transformers = \
+        parity_tests(vocab=lambda case: case[4])
+"""
 
 from __future__ import annotations
 
@@ -12,6 +22,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import pytest
 from conftest import fgc, unpadded
 
 TOL = 1e-5
@@ -121,6 +132,49 @@ def assert_presets_covered(released: dict, specs: tuple[str, ...]) -> None:
     assert want == have, f"presets without a count test: {sorted(want - have)}; " \
                          f"rows without a preset: {sorted(have - want)}"
 
+
+def count_tests(released: dict, specs: tuple[str, ...]):
+    """The count tests of specs/<spec>.fgpt for each of `specs`: every (spec, preset) row
+    of `released`, (family, config) as assert_preset_count() takes them, counts as
+    transformers does, and every preset has a row."""
+    keys = sorted(released)
+
+    @pytest.mark.parametrize("spec,preset", keys, ids=[f"{s}-{p}" for s, p in keys])
+    def test_preset_count_equals_transformers(spec, preset):
+        assert_preset_count(spec, preset, *released[(spec, preset)])
+
+    def test_every_preset_has_a_count_test():
+        assert_presets_covered(released, specs)
+
+    return test_preset_count_equals_transformers, test_every_preset_has_a_count_test
+
+
+def folder_fixture(spec: str, cases: list, ids: list[str], reference):
+    """The module's `compiled` fixture, one per case: (case, the transformers model
+    `reference(*case)`, the targets compile_folder() made from its saved folder alone)."""
+    @pytest.fixture(scope="module", params=cases, ids=ids)
+    def compiled(request, tmp_path_factory):
+        case = request.param
+        model = reference(*case)
+        return case, model, compile_folder(spec, model, tmp_path_factory.mktemp(spec))
+
+    return compiled
+
+
+def parity_tests(vocab, lengths=(16, 5), new: int = 10):
+    """The two parity tests of a module whose `compiled` fixture gives (case, transformers
+    model, targets): probabilities at each of `lengths` positions (or `lengths(case)`),
+    and `new` greedy ids; `vocab(case)` is the case's vocabulary size."""
+    def test_probabilities_equal_transformers(compiled):
+        case, ref, out = compiled
+        assert_probabilities(ref, out, V=vocab(case),
+                             lengths=lengths(case) if callable(lengths) else lengths)
+
+    def test_greedy_generation_equals_transformers(compiled):
+        case, ref, out = compiled
+        assert_greedy(ref, out, V=vocab(case), new=new)
+
+    return test_probabilities_equal_transformers, test_greedy_generation_equals_transformers
 
 
 DELETE = object()  # refused_config(): the key taken out of config.json

@@ -20,11 +20,9 @@ import json
 import pytest
 from conftest import fgc, peaked_weights
 from hf_parity import (
-    assert_greedy,
-    assert_preset_count,
-    assert_presets_covered,
-    assert_probabilities,
-    compile_folder,
+    count_tests,
+    folder_fixture,
+    parity_tests,
     refused_config,
 )
 
@@ -47,14 +45,8 @@ RELEASED = {
 }
 
 
-@pytest.mark.parametrize("spec,preset", sorted(RELEASED), ids=[f"{s}-{p}" for s, p in
-                                                               sorted(RELEASED)])
-def test_preset_count_equals_transformers(spec, preset):
-    assert_preset_count(spec, preset, *RELEASED[(spec, preset)])
-
-
-def test_every_preset_has_a_count_test():
-    assert_presets_covered(RELEASED, ("gemma2",))
+test_preset_count_equals_transformers, test_every_preset_has_a_count_test = \
+    count_tests(RELEASED, ("gemma2",))
 
 
 # ---------------------------------------------------------------- tiny models, weights
@@ -84,12 +76,8 @@ def _reference(L, H, A, G, D, F, V, w, D_att):
     return model
 
 
-@pytest.fixture(scope="module", params=CASES, ids=IDS)
-def compiled(request, tmp_path_factory):
-    case = request.param
-    model = _reference(*case)
-    # no --set: the sizes, the caps and the window are the folder's config.json
-    return case, model, compile_folder("gemma2", model, tmp_path_factory.mktemp("gemma2"))
+# no --set: the sizes, the caps and the window are the folder's config.json
+compiled = folder_fixture("gemma2", CASES, IDS, _reference)
 
 
 def test_the_caps_and_the_window_matter(compiled):
@@ -118,14 +106,8 @@ def test_the_caps_and_the_window_matter(compiled):
             assert float((other - want).abs().max()) > 1e-3, change
 
 
-def test_probabilities_equal_transformers(compiled):
-    case, ref, out = compiled
-    assert_probabilities(ref, out, V=case[6], lengths=(N, 5))
-
-
-def test_greedy_generation_equals_transformers(compiled):
-    case, ref, out = compiled
-    assert_greedy(ref, out, V=case[6], new=10)
+test_probabilities_equal_transformers, test_greedy_generation_equals_transformers = \
+    parity_tests(vocab=lambda case: case[6])
 
 
 def test_a_gemma2_folder_finds_its_spec_and_refuses_what_it_does_not_write(compiled,

@@ -17,11 +17,9 @@ import pytest
 from conftest import fgc, peaked_weights
 from hf_parity import (
     DELETE,
-    assert_greedy,
-    assert_preset_count,
-    assert_presets_covered,
-    assert_probabilities,
-    compile_folder,
+    count_tests,
+    folder_fixture,
+    parity_tests,
     refused_config,
 )
 
@@ -40,14 +38,8 @@ RELEASED = {
 }
 
 
-@pytest.mark.parametrize("spec,preset", sorted(RELEASED), ids=[f"{s}-{p}" for s, p in
-                                                               sorted(RELEASED)])
-def test_preset_count_equals_transformers(spec, preset):
-    assert_preset_count(spec, preset, *RELEASED[(spec, preset)])
-
-
-def test_every_preset_has_a_count_test():
-    assert_presets_covered(RELEASED, ("granite",))
+test_preset_count_equals_transformers, test_every_preset_has_a_count_test = \
+    count_tests(RELEASED, ("granite",))
 
 
 # ---------------------------------------------------------------- tiny models, weights
@@ -72,22 +64,12 @@ def _reference(H, A, G, F, V, tied):
     return model
 
 
-@pytest.fixture(scope="module", params=CASES, ids=IDS)
-def compiled(request, tmp_path_factory):
-    case = request.param
-    model = _reference(*case)
-    # no --set: the sizes and the four multipliers are the folder's config.json
-    return case, model, compile_folder("granite", model, tmp_path_factory.mktemp("granite"))
+# no --set: the sizes and the four multipliers are the folder's config.json
+compiled = folder_fixture("granite", CASES, IDS, _reference)
 
 
-def test_probabilities_equal_transformers(compiled):
-    case, ref, out = compiled
-    assert_probabilities(ref, out, V=case[4], lengths=(N, 5))
-
-
-def test_greedy_generation_equals_transformers(compiled):
-    case, ref, out = compiled
-    assert_greedy(ref, out, V=case[4], new=10)
+test_probabilities_equal_transformers, test_greedy_generation_equals_transformers = \
+    parity_tests(vocab=lambda case: case[4])
 
 
 def test_a_granite_folder_finds_its_spec_and_needs_every_multiplier(compiled, tmp_path):

@@ -16,12 +16,10 @@ from __future__ import annotations
 import pytest
 from conftest import fgc, peaked_weights, set_args
 from hf_parity import (
-    assert_greedy,
-    assert_preset_count,
-    assert_presets_covered,
-    assert_probabilities,
     compile_targets,
+    count_tests,
     module,
+    parity_tests,
     tokens,
 )
 
@@ -68,14 +66,8 @@ RELEASED = {
 }
 
 
-@pytest.mark.parametrize("spec,preset", sorted(RELEASED), ids=[f"{s}-{p}" for s, p in
-                                                               sorted(RELEASED)])
-def test_preset_count_equals_transformers(spec, preset):
-    assert_preset_count(spec, preset, *RELEASED[(spec, preset)])
-
-
-def test_every_preset_has_a_count_test():
-    assert_presets_covered(RELEASED, ("llama", "mistral"))
+test_preset_count_equals_transformers, test_every_preset_has_a_count_test = \
+    count_tests(RELEASED, ("llama", "mistral"))
 
 
 # ---------------------------------------------------------------- tiny models, weights
@@ -132,14 +124,9 @@ def compiled(request, tmp_path_factory):
     return case, model, compile_targets(case[0], _sets(*case), weights, folder)
 
 
-def test_probabilities_equal_transformers(compiled):
-    case, ref, out = compiled
-    assert_probabilities(ref, out, V=case[5], lengths=(case[6], 5))
-
-
-def test_greedy_generation_equals_transformers(compiled):
-    case, ref, out = compiled
-    assert_greedy(ref, out, V=case[5], new=12)  # past Mistral's window
+# 12 new ids: past Mistral's window
+test_probabilities_equal_transformers, test_greedy_generation_equals_transformers = \
+    parity_tests(vocab=lambda case: case[5], lengths=lambda case: (case[6], 5), new=12)
 
 
 def test_a_grouped_product_is_one_only_where_the_attention_takes_it_whole(tmp_path):

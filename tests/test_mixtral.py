@@ -17,12 +17,10 @@ from pathlib import Path
 import pytest
 from conftest import fgc, peaked_weights, set_args
 from hf_parity import (
-    assert_greedy,
-    assert_preset_count,
-    assert_presets_covered,
-    assert_probabilities,
     compile_targets,
+    count_tests,
     module,
+    parity_tests,
     tokens,
 )
 
@@ -39,12 +37,8 @@ RELEASED = {
 }
 
 
-def test_preset_count_equals_transformers():
-    assert_preset_count("mixtral", "8x7b", *RELEASED[("mixtral", "8x7b")])
-
-
-def test_every_preset_has_a_count_test():
-    assert_presets_covered(RELEASED, ("mixtral",))
+test_preset_count_equals_transformers, test_every_preset_has_a_count_test = \
+    count_tests(RELEASED, ("mixtral",))
 
 
 # (H, A, G, F, E, K, V, n): 5 experts choosing 2, 3 choosing 3 (every expert: dense)
@@ -80,14 +74,8 @@ def compiled(request, tmp_path_factory):
                                         folder)
 
 
-def test_probabilities_equal_transformers(compiled):
-    case, ref, out = compiled
-    assert_probabilities(ref, out, V=case[6], lengths=(case[7], 5))
-
-
-def test_greedy_generation_equals_transformers(compiled):
-    case, ref, out = compiled
-    assert_greedy(ref, out, V=case[6], new=8)
+test_probabilities_equal_transformers, test_greedy_generation_equals_transformers = \
+    parity_tests(vocab=lambda case: case[6], lengths=lambda case: (case[7], 5), new=8)
 
 
 def test_fgc_generate_equals_transformers_in_both_backends(compiled):

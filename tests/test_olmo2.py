@@ -18,11 +18,9 @@ from __future__ import annotations
 import pytest
 from conftest import fgc, peaked_weights
 from hf_parity import (
-    assert_greedy,
-    assert_preset_count,
-    assert_presets_covered,
-    assert_probabilities,
-    compile_folder,
+    count_tests,
+    folder_fixture,
+    parity_tests,
     refused_config,
 )
 
@@ -49,14 +47,8 @@ RELEASED = {
 }
 
 
-@pytest.mark.parametrize("spec,preset", sorted(RELEASED), ids=[f"{s}-{p}" for s, p in
-                                                               sorted(RELEASED)])
-def test_preset_count_equals_transformers(spec, preset):
-    assert_preset_count(spec, preset, *RELEASED[(spec, preset)])
-
-
-def test_every_preset_has_a_count_test():
-    assert_presets_covered(RELEASED, ("olmo2",))
+test_preset_count_equals_transformers, test_every_preset_has_a_count_test = \
+    count_tests(RELEASED, ("olmo2",))
 
 
 # ---------------------------------------------------------------- tiny models, weights
@@ -84,22 +76,12 @@ def _reference(H, A, G, D, F, V, tied):
     return model
 
 
-@pytest.fixture(scope="module", params=CASES, ids=IDS)
-def compiled(request, tmp_path_factory):
-    case = request.param
-    model = _reference(*case)
-    # no --set: the sizes (head_dim where the file has one) are the folder's config.json
-    return case, model, compile_folder("olmo2", model, tmp_path_factory.mktemp("olmo2"))
+# no --set: the sizes (head_dim where the file has one) are the folder's config.json
+compiled = folder_fixture("olmo2", CASES, IDS, _reference)
 
 
-def test_probabilities_equal_transformers(compiled):
-    case, ref, out = compiled
-    assert_probabilities(ref, out, V=case[5], lengths=(N, 5))
-
-
-def test_greedy_generation_equals_transformers(compiled):
-    case, ref, out = compiled
-    assert_greedy(ref, out, V=case[5], new=10)
+test_probabilities_equal_transformers, test_greedy_generation_equals_transformers = \
+    parity_tests(vocab=lambda case: case[5])
 
 
 # what a config.json may ask for that the spec does not compute: attention biases, scaled

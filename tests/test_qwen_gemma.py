@@ -15,11 +15,9 @@ from __future__ import annotations
 import pytest
 from conftest import peaked_weights, set_args
 from hf_parity import (
-    assert_greedy,
-    assert_preset_count,
-    assert_presets_covered,
-    assert_probabilities,
     compile_targets,
+    count_tests,
+    parity_tests,
 )
 
 torch = pytest.importorskip("torch")
@@ -61,14 +59,8 @@ RELEASED = {
 }
 
 
-@pytest.mark.parametrize("spec,preset", sorted(RELEASED), ids=[f"{s}-{p}" for s, p in
-                                                               sorted(RELEASED)])
-def test_preset_count_equals_transformers(spec, preset):
-    assert_preset_count(spec, preset, *RELEASED[(spec, preset)])
-
-
-def test_every_preset_has_a_count_test():
-    assert_presets_covered(RELEASED, ("qwen2", "qwen3", "gemma"))
+test_preset_count_equals_transformers, test_every_preset_has_a_count_test = \
+    count_tests(RELEASED, ("qwen2", "qwen3", "gemma"))
 
 
 # ---------------------------------------------------------------- tiny models, weights
@@ -132,11 +124,5 @@ def compiled(request, tmp_path_factory):
     return case, model, compile_targets(case[0], _sets(*case), weights, folder)
 
 
-def test_probabilities_equal_transformers(compiled):
-    case, ref, out = compiled
-    assert_probabilities(ref, out, V=case[6], lengths=(N, 5))
-
-
-def test_greedy_generation_equals_transformers(compiled):
-    case, ref, out = compiled
-    assert_greedy(ref, out, V=case[6], new=10)
+test_probabilities_equal_transformers, test_greedy_generation_equals_transformers = \
+    parity_tests(vocab=lambda case: case[6])
