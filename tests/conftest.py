@@ -57,7 +57,10 @@ TINY_EXTRA = {
     "specs/llama.fgpt": _LLAMA,
     "specs/mistral.fgpt": {**_LLAMA, "w": 3},
     "specs/qwen2.fgpt": _LLAMA,
-    "specs/qwen3.fgpt": {**_LLAMA, "D": 6},
+    # Qwen3: YaRN over a context of 4 (factor 4), which the runs of 8 pass
+    "specs/qwen3.fgpt": {**_LLAMA, "D": 6, "factor": 4.0, "n0": 4},
+    # Qwen3-MoE: 3 experts, 2 chosen at each position
+    "specs/qwen3_moe.fgpt": {**_LLAMA, "D": 6, "E": 3, "K": 2},
     "specs/granite.fgpt": _LLAMA,
     "specs/cohere.fgpt": _LLAMA,
     # OLMo 2: query and key norms over A * D = 12 features, not H

@@ -7,7 +7,9 @@ Gemma's offset RMSNorm, GeGLU and scaled embedding; grouped-query ratios other t
 head dimension other than H / A, tied and untied heads) is saved with safetensors under its
 own names and compiled with `fgc compile --weights`: the PyTorch module and the ONNX graph
 (standard and `--optimize ort`) give transformers' probabilities to 1e-5, and greedy
-generation with the key/value cache (`step()`) gives transformers' `generate` ids.
+generation with the key/value cache (`step()`) gives transformers' `generate` ids. Qwen2
+and Qwen3 saved with YaRN's rope_parameters (as their model cards ask for long contexts)
+compile from the folder alone to transformers' probabilities and ids too.
 """
 
 from __future__ import annotations
@@ -15,9 +17,14 @@ from __future__ import annotations
 import pytest
 from conftest import peaked_weights, set_args
 from hf_parity import (
+    assert_greedy,
+    assert_probabilities,
+    compile_folder,
     compile_targets,
     count_tests,
     parity_tests,
+    refused_config,
+    tokens,
 )
 
 torch = pytest.importorskip("torch")
@@ -126,3 +133,62 @@ def compiled(request, tmp_path_factory):
 
 test_probabilities_equal_transformers, test_greedy_generation_equals_transformers = \
     parity_tests(vocab=lambda case: case[6])
+
+
+# ---------------------------------------------------------------- YaRN from config.json
+
+# rope_parameters as Qwen's model cards ask for long contexts ("yarn", factor, the context
+# first trained with), at a scale the tiny models reach: n0 = 8 of the 24 positions run,
+# beta_fast and beta_slow chosen so that heads of 8 keep, blend and divide frequencies
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8,
+        "beta_fast": 4.0, "beta_slow": 0.5, "rope_theta": 10000.0}
+YARN_CASES = [("qwen2", 16, 2, 1, None), ("qwen3", 24, 4, 2, 8)]
+
+
+def _yarn_reference(spec, H, A, G, D, rope=YARN):
+    family = {"qwen2": "Qwen2", "qwen3": "Qwen3"}[spec]
+    config = getattr(transformers, f"{family}Config")(
+        vocab_size=37, hidden_size=H, intermediate_size=24, num_hidden_layers=2,
+        num_attention_heads=A, num_key_value_heads=G, max_position_embeddings=32,
+        rms_norm_eps=1e-6, tie_word_embeddings=False, rope_parameters=dict(rope),
+        bos_token_id=None, eos_token_id=None, pad_token_id=None,
+        **({"head_dim": D} if D else {}))
+    torch.manual_seed(0)
+    model = getattr(transformers, f"{family}ForCausalLM")(config).eval()
+    peaked_weights(model)
+    return model
+
+
+@pytest.fixture(scope="module", params=YARN_CASES, ids=[c[0] for c in YARN_CASES])
+def yarn(request, tmp_path_factory):
+    case = request.param
+    model = _yarn_reference(*case)
+    # no --set: factor, n0, beta_fast and beta_slow are the folder's rope_parameters
+    return case, model, compile_folder(case[0], model, tmp_path_factory.mktemp("yarn"))
+
+
+def test_yarn_from_the_folder_equals_transformers(yarn):
+    """RoPE^yarn, its four numbers read from config.json: transformers' probabilities in
+    every target (where YaRN moves them: the same weights without it give others) and its
+    greedy ids through the cache."""
+    case, ref, out = yarn
+    x = tokens(37, 24)
+    plain = _yarn_reference(*case, rope={"rope_type": "default", "rope_theta": 10000.0})
+    plain.load_state_dict(ref.state_dict())
+    with torch.no_grad():
+        moved = torch.softmax(ref(x).logits, -1) - torch.softmax(plain(x).logits, -1)
+    assert float(moved.abs().max()) > 1e-3
+    assert_probabilities(ref, out, V=37, lengths=(24, 5))
+    assert_greedy(ref, out, V=37, new=12)
+
+
+def test_a_yarn_setting_the_spec_does_not_compute_is_refused(yarn, tmp_path):
+    """An attention_factor of its own (not 0.1 ln(factor) + 1), or an unrounded ramp
+    (truncate false), is refused at its line; a rope_type the spec does not know too."""
+    case, _, out = yarn
+    folder = out["torch"].parent / "hf"
+    for key, value in (("attention_factor", 1.5), ("truncate", False),
+                       ("rope_type", "longrope")):
+        rope = {**YARN, key: value}
+        r = refused_config(folder, tmp_path / key, case[0], rope_parameters=rope)
+        assert f"`rope_parameters.{key}`" in r.stderr, r.stderr

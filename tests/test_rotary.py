@@ -1,11 +1,12 @@
 """Rotary positions as intrinsics (compiler/lowering/rotary.py): RoPE, RoPE^partial,
-RoPE^interleaved, RoPE^linear and RoPE^llama3, and logit soft-capping (SoftCapping).
+RoPE^interleaved, RoPE^linear, RoPE^llama3 and RoPE^yarn, and logit soft-capping
+(SoftCapping).
 
 Each variant turns queries as transformers' own formula does (its inverse frequencies from
 `ROPE_INIT_FUNCTIONS`, GPT-J's `rotate_every_two` for the interleaved convention), in the
 PyTorch module's fused `rotary`, ONNX's RotaryEmbedding (opset 23), the equations (opset 18)
-and onnxruntime's RotaryEmbedding (`--optimize ort`); Llama with Llama 3.1's and linear
-scaling gives transformers' probabilities and greedy generation; the released decoders'
+and onnxruntime's RotaryEmbedding (`--optimize ort`); Llama with Llama 3.1's, linear and
+YaRN scaling gives transformers' probabilities and greedy generation; the released decoders'
 logits agree across the three targets; the `--kv-cache` graph, stepped one token at a time,
 gives the full recomputation's logits; and a width no convention turns is a located error.
 """
@@ -30,7 +31,7 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # noqa: E402
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding  # noqa: E402
 
 from compiler.elaborate.intrinsics import INTRINSICS  # noqa: E402
-from compiler.lowering.rotary import Rotary, frequencies  # noqa: E402
+from compiler.lowering.rotary import Rotary, frequencies, magnitude  # noqa: E402
 
 TARGETS = {"torch": ["--target", "torch"], "onnx": ["--target", "onnx"],
            "onnx18": ["--target", "onnx", "--opset", "18"],
@@ -39,6 +40,10 @@ TARGETS = {"torch": ["--target", "torch"], "onnx": ["--target", "onnx"],
 # by wavelengths 2 pi * 10^(k/2), 6.3, 20, 63, ..., against n0 / high = 8 (kept below) and
 # n0 / low = 32 (divided above), one of them in between (moved smoothly)
 LLAMA3 = {"factor": 4.0, "low": 1.0, "high": 4.0, "n0": 32}
+# YaRN's at a context of 32: heads of 16 keep their first frequencies (more than 4 turns
+# over the 32 positions), divide their last by the factor (fewer than 1) and blend the
+# ones between; beta_fast and beta_slow not the defaults, so that reading them matters
+YARN = {"factor": 4.0, "n0": 32, "beta_fast": 4.0, "beta_slow": 0.5}
 
 
 def _config(scaling: str, theta: float = 10000.0, D: int = 16):
@@ -50,6 +55,9 @@ def _config(scaling: str, theta: float = 10000.0, D: int = 16):
         params.update(factor=LLAMA3["factor"], low_freq_factor=LLAMA3["low"],
                       high_freq_factor=LLAMA3["high"],
                       original_max_position_embeddings=LLAMA3["n0"])
+    if scaling == "yarn":
+        params.update(factor=YARN["factor"], original_max_position_embeddings=YARN["n0"],
+                      beta_fast=YARN["beta_fast"], beta_slow=YARN["beta_slow"])
     return transformers.LlamaConfig(hidden_size=2 * D, num_attention_heads=2,
                                     rope_parameters=params)
 
@@ -57,6 +65,8 @@ def _config(scaling: str, theta: float = 10000.0, D: int = 16):
 def _factors(scaling: str) -> tuple[float, ...]:
     if scaling == "llama3":
         return tuple(float(LLAMA3[k]) for k in ("factor", "low", "high", "n0"))
+    if scaling == "yarn":
+        return tuple(float(YARN[k]) for k in ("factor", "n0", "beta_fast", "beta_slow"))
     return (3.0,) if scaling == "linear" else ()
 
 
@@ -68,15 +78,17 @@ def _inv_freq(scaling: str, theta: float = 10000.0, D: int = 16):
     return ROPE_INIT_FUNCTIONS[scaling](config, "cpu")
 
 
-@pytest.mark.parametrize("scaling", ["none", "linear", "llama3"])
+@pytest.mark.parametrize("scaling", ["none", "linear", "llama3", "yarn"])
 @pytest.mark.parametrize("theta", [10000.0, 500000.0])
 def test_frequencies_equal_transformers(scaling, theta, helpers):
     """The generated model's frequencies (torch) are transformers' inv_freq bit for bit,
     the ONNX lowering's (numpy, whose float32 power may round the other way) to within
-    two units in the last place; cos and sin are not scaled (1.0)."""
+    two units in the last place; cos and sin are scaled by transformers' attention factor
+    (1.0 but for YaRN)."""
     want, scale = _inv_freq(scaling, theta)
-    assert scale == 1.0
-    got = frequencies(Rotary(16, False, theta, scaling, _factors(scaling)))
+    r = Rotary(16, False, theta, scaling, _factors(scaling))
+    assert magnitude(r) == scale and (scale == 1.0) == (scaling != "yarn")
+    got = frequencies(r)
     assert got.dtype == np.float32
     np.testing.assert_array_max_ulp(got, want.numpy(), maxulp=2)
     runtime = helpers.rotary_frequencies(16, theta, (scaling, *_factors(scaling))
@@ -104,6 +116,8 @@ VARIANTS = {
     "RoPE^linear": ("RoPE^linear[factor = 3.0]", "linear", False, None),
     "RoPE^llama3": ("RoPE^llama3[theta = 10000.0, factor = 4.0, low = 1.0, high = 4.0, "
                     "n0 = 32]", "llama3", False, None),
+    "RoPE^yarn": ("RoPE^yarn[factor = 4.0, n0 = 32, beta_fast = 4.0, beta_slow = 0.5]",
+                  "yarn", False, None),
 }
 
 
@@ -115,13 +129,13 @@ def _reference(X, scaling: str, interleaved: bool, width: int | None):
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as llama
     T, D = X.shape[-2], X.shape[-1]
     r = width or D
-    inv_freq, _ = _inv_freq(scaling, D=r)
+    inv_freq, scale = _inv_freq(scaling, D=r)
     angles = torch.arange(T).float()[:, None] * inv_freq[None, :]
     if interleaved:  # GPT-J's tables: sin and cos of each pair's angle, (B, T, r/2)
         sin, cos = angles.sin()[None], angles.cos()[None]
-        return gptj(X.transpose(1, 2), sin, cos).transpose(1, 2)
+        return gptj(X.transpose(1, 2), sin * scale, cos * scale).transpose(1, 2)
     emb = torch.cat((angles, angles), dim=-1)
-    turned, _ = llama(X[..., :r], X[..., :r], emb.cos()[None], emb.sin()[None])
+    turned, _ = llama(X[..., :r], X[..., :r], emb.cos()[None] * scale, emb.sin()[None] * scale)
     return torch.cat((turned, X[..., r:]), dim=-1)
 
 
@@ -248,6 +262,7 @@ module GQA[A, G, D, theta = 10000.0](X: R[n, H], Mask: R[n, n]) -> R[n, H] {{
 SCALED = {
     "llama3": None,  # llama.fgpt itself, --set factor=4.0 low=1.0 high=4.0 n0=32
     "linear": "RoPE^linear[factor = 3.0]",
+    "yarn": "RoPE^yarn[factor = 4.0, n0 = 32, beta_fast = 4.0, beta_slow = 0.5]",
 }
 
 
@@ -290,7 +305,8 @@ def scaled_llama(request, tmp_path_factory):
 
 def test_scaled_llama_equals_transformers(scaled_llama):
     """Probabilities (the frequencies kept, moved and divided, by wavelength) and greedy
-    generation through step() equal LlamaForCausalLM's with rope_type llama3 / linear."""
+    generation through step() equal LlamaForCausalLM's with rope_type llama3 / linear /
+    yarn."""
     ref, out = scaled_llama
     assert_probabilities(ref, out, V=50, lengths=(40, 7))
     assert_greedy(ref, out, V=50, new=12)

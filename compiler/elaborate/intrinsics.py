@@ -85,6 +85,7 @@ INTRINSICS: dict[str, Intrinsic] = {i.name: i for i in (
     Intrinsic("RoPE^interleaved", "rotary", interleaved=True),
     Intrinsic("RoPE^linear", "rotary", scaling="linear"),
     Intrinsic("RoPE^llama3", "rotary", scaling="llama3"),
+    Intrinsic("RoPE^yarn", "rotary", scaling="yarn"),
 )}
 
 # the rotary frequencies' scalings, each with the hyperparameters it reads, in the order the
@@ -93,6 +94,7 @@ SCALINGS: dict[str, tuple[str, ...]] = {
     "none": (),
     "linear": ("factor",),
     "llama3": ("factor", "low", "high", "n0"),
+    "yarn": ("factor", "n0", "beta_fast", "beta_slow"),
 }
 
 KINDS = frozenset(i.kind for i in INTRINSICS.values())

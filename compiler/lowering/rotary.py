@@ -1,9 +1,10 @@
 """Rotary positions: what a use of a rotary intrinsic computes, decided once for both backends.
 
-A use of RoPE, RoPE^partial, RoPE^interleaved, RoPE^linear or RoPE^llama3
+A use of RoPE, RoPE^partial, RoPE^interleaved, RoPE^linear, RoPE^llama3 or RoPE^yarn
 (compiler/elaborate/intrinsics.py) turns the first `width` features of each row of X by
 the angle (p - 1) f_k at position p: features k and k + width/2 together ("rotate half"),
-or 2k - 1 and 2k (interleaved), the others unchanged. The frequencies f are `frequencies`,
+or 2k - 1 and 2k (interleaved), the others unchanged, and multiplies them by `magnitude`
+(YaRN's; 1 for the others). The frequencies f are `frequencies`,
 computed in float32 step for step as transformers computes them (numpy's float32 power may
 round the last bit the other way; the torch backend's runtime computes them with torch, as
 transformers does); the module's equations in stdlib.fgpt are their meaning. Positions
@@ -54,8 +55,8 @@ def _number(x) -> float:
 def frequencies(r: Rotary):
     """The r.width / 2 frequencies, float32: theta^(-2k/width) for k = 0 .. width/2 - 1
     (transformers' `_compute_default_rope_parameters`), then scaled: divided by the factor
-    (`linear`), or Llama 3.1's smooth interpolation (`llama3`,
-    `_compute_llama3_parameters`), step for step."""
+    (`linear`), Llama 3.1's smooth interpolation (`llama3`, `_compute_llama3_parameters`),
+    or YaRN's blend by frequency index (`yarn`, `_compute_yarn_parameters`), step for step."""
     import numpy as np  # here: `fgc check` imports the lowering and needs no numpy
 
     f32 = np.float32
@@ -71,7 +72,32 @@ def frequencies(r: Rotary):
         smoothed = (1 - smooth) * scaled / factor + smooth * scaled
         medium = ~(wavelen < n0 / high) & ~(wavelen > n0 / low)
         return np.where(medium, smoothed, scaled).astype(f32)
+    if r.scaling == "yarn":
+        factor, n0, fast, slow = r.factors
+        lo, hi = (_yarn_bound(turns, r.width, r.theta, n0) for turns in (fast, slow))
+        lo, hi = max(math.floor(lo), 0), min(math.ceil(hi), r.width - 1)
+        if lo == hi:
+            hi += 0.001
+        ramp = np.clip((np.arange(r.width // 2, dtype=f32) - f32(lo)) / f32(hi - lo), 0, 1)
+        kept = f32(1) - ramp.astype(f32)  # the share of each frequency kept as it is
+        pos = f32(r.theta) ** (np.arange(0, r.width, 2).astype(f32) / f32(r.width))
+        return ((f32(1) / (f32(factor) * pos)) * (f32(1) - kept)
+                + (f32(1) / pos) * kept).astype(f32)
     return inv_freq
+
+
+def _yarn_bound(turns: float, width: int, theta: float, n0: float) -> float:
+    """The frequency index j whose wave turns `turns` times over n0 positions (float64,
+    as transformers' find_correction_dim)."""
+    return width * math.log(n0 / (turns * 2 * math.pi)) / (2 * math.log(theta))
+
+
+def magnitude(r: Rotary) -> float:
+    """What the cosines and sines are multiplied by: YaRN's 0.1 ln(factor) + 1 where the
+    factor exceeds 1 (transformers' attention_factor), 1 otherwise."""
+    if r.scaling != "yarn" or r.factors[0] <= 1:
+        return 1.0
+    return 0.1 * math.log(r.factors[0]) + 1.0
 
 
 def widths(e: ir.Eqn, fn: ir.Function, inner: dict, label: str, outer: str | None

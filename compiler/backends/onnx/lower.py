@@ -45,7 +45,7 @@ from ...lowering.layout import shifted
 from ...lowering.masks import site_kinds
 from ...lowering.precision import FLOAT32, Precision, in_float32
 from ...lowering.products import groups
-from ...lowering.rotary import Rotary, frequencies, rotary
+from ...lowering.rotary import Rotary, frequencies, magnitude, rotary
 from ...lowering.signature import LOGITS, PAST, by_position, run_lengths, select_outputs, signature
 from ...names import family_layout, ident
 from ...passes import padding
@@ -984,7 +984,7 @@ class Lowerer:
         f32 = np.float32
         angles = np.arange(rows, dtype=f32)[:, None] * frequencies(r)[None, :]
         tables = tuple(self.g.initializer(
-            f"rotary/{name}", fn(angles.astype(np.float64)).astype(f32),
+            f"rotary/{name}", fn(angles.astype(np.float64)).astype(f32) * f32(magnitude(r)),
             f"RoPE's {what} of positions 0..{rows - 1}: {_rotation_text(r)}")
             for name, what, fn in (("cos", "cosines", np.cos), ("sin", "sines", np.sin)))
         for t in tables:
@@ -1007,6 +1007,9 @@ class Lowerer:
                            f"{label}/angles")
         tables = (self.g.op("Cos", [angles], f"{label}/cos"),
                   self.g.op("Sin", [angles], f"{label}/sin"))
+        if magnitude(r) != 1.0:  # YaRN's: the turned rows grow by it
+            scale = self.g.const(magnitude(r), "float32")
+            tables = tuple(self.g.op("Mul", [t, scale], t) for t in tables)
         if self.precision.half:
             tables = tuple(self.g.op("Cast", [t], t, to=self.g.types["real"])
                            for t in tables)
