@@ -405,7 +405,7 @@ class Spec:
         names the configuration in messages (default: the preset and the --set values)."""
         hypers, warnings = self._checked_values(preset, sets, label)
         model, functions, c = self._elaborate_numeric(hypers)
-        errors = index_maps(model, functions, {}, label or _label(preset, sets))
+        errors = index_maps(model, functions, hypers.values, label or _label(preset, sets))
         if errors:
             raise FgcError.many(errors)
         cfg = Config(preset or "defaults", hypers.values, model, c, warnings)

@@ -68,6 +68,8 @@ TINY_EXTRA = {
     "specs/gemma.fgpt": {**_LLAMA, "D": 6},
     # Gemma 2: sliding and full layers, a window shorter than the run, scores over D_att != D
     "specs/gemma2.fgpt": {**_LLAMA, "D": 6, "w": 3, "D_att": 8},
+    # Gemma 3: five sliding layers and a full one, a window shorter than the run
+    "specs/gemma3.fgpt": {**_LLAMA, "L": 6, "D": 6, "w": 3, "D_att": 8},
     # Phi-3: multi-head, a window shorter than the run
     "specs/phi3.fgpt": {**_LLAMA, "G": 2, "w": 3},
     # Mixtral: 3 experts, 2 chosen at each position

@@ -30,8 +30,8 @@ from compiler.syntax import nodes as S
 transformers = pytest.importorskip("transformers")
 
 RELEASED = ["llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2",
-            "phi3", "gpt_neox", "granite", "cohere", "olmo2", "t5", "gpt2", "gpt1", "bert",
-            "roberta", "albert", "electra_discriminator", "electra_generator", "xlnet",
+            "gemma3", "phi3", "gpt_neox", "granite", "cohere", "olmo2", "t5", "gpt2", "gpt1",
+            "bert", "roberta", "albert", "electra_discriminator", "electra_generator", "xlnet",
             "reformer"]
 
 

@@ -137,8 +137,8 @@ def test_which_specs_have_an_incremental_form():
                           "specs/phi3.fgpt", "specs/gpt_neox.fgpt", "specs/t5.fgpt",
                           "specs/mixtral.fgpt", "specs/granite.fgpt",
                           "specs/cohere.fgpt",
-                          "specs/gemma2.fgpt",
-                          "specs/olmo2.fgpt"}
+                          "specs/gemma2.fgpt", "specs/gemma3.fgpt",
+                          "specs/olmo2.fgpt", "specs/qwen3_moe.fgpt"}
     # T5's decoder: its relative position bias plus Mask^AR is causal
     assert [s.path for s in found["specs/t5.fgpt"].sites] == [("dec_attn", "Attention^unscaled")]
     # grouped-query attention keeps its G key/value heads

@@ -561,6 +561,37 @@ def test_a_width_no_convention_turns_is_a_located_error(call, D, message, tmp_pa
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("call, message, why", [
+    ("RoPE^yarn[factor = 0.0]", "`RoPE^yarn`: factor = 0 makes no rotary frequencies",
+     "the scaling factor must be positive"),
+    ("RoPE^yarn[factor = 4.0, beta_slow = 0.0]", "beta_slow = 0", "YaRN's beta_slow must"),
+    ("RoPE^yarn[theta = 1.0, factor = 4.0]", "theta = 1",
+     "YaRN's bounds divide by the logarithm of the rotary base"),
+    ("RoPE^llama3[low = 2.0, high = 2.0]", "`RoPE^llama3`: high = 2",
+     "high_freq_factor must exceed low_freq_factor = 2"),
+    ("RoPE^linear[theta = -10.0]", "`RoPE^linear`: theta = -10", "the rotary base must"),
+])
+def test_a_base_or_scaling_with_no_frequencies_is_a_located_error(call, message, why,
+                                                                   tmp_path):
+    """A rotary base or scaling whose frequencies would be infinite or not numbers (a
+    division by zero, the logarithm of 0 or of a negative number) is refused at the use,
+    at check and at compile (a --set reaching it too), and nothing is written."""
+    spec = tmp_path / "bad.fgpt"
+    spec.write_text(BAD.format(call=call, D=16))
+    line = 1 + next(k for k, text in enumerate(BAD.splitlines()) if "h_i =" in text)
+    for command in (["check", str(spec)], ["compile", str(spec), "--target", "onnx",
+                                           "-o", str(tmp_path / "out")]):
+        r = fgc(*command)
+        assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+        assert message in r.stderr and why in r.stderr, r.stderr
+        assert f"bad.fgpt:{line}:" in r.stderr
+    assert not (tmp_path / "out").exists()
+    r = fgc("compile", "specs/qwen3.fgpt", *set_args(tiny_sets("specs/qwen3.fgpt")),
+            "--set", "beta_fast=0.0", "--target", "torch", "-o", str(tmp_path / "set"))
+    assert r.returncode == 1 and "beta_fast = 0 makes no rotary frequencies" in r.stderr
+    assert not (tmp_path / "set").exists()
+
+
 def test_every_rotary_intrinsic_is_documented():
     text = (ROOT / "docs" / "language.md").read_text()
     for name, i in INTRINSICS.items():

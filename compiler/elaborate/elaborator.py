@@ -1608,7 +1608,9 @@ def _eval_condition(e, env: dict, layer_var: str | None):
 
 
 def _eval_number(e, env: dict, layer_var: str | None):
-    if isinstance(e, S.Name) and e.name == layer_var:
+    # the layer index, alone or computed with (`l % 6 == 0`: every sixth layer), is decided
+    # layer by layer
+    if layer_var is not None and layer_var in _names_in(e):
         raise _Undecided()
     v = Statics(env, "").eval(e)
     if isinstance(v, float):

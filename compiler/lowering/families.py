@@ -241,7 +241,9 @@ def index_maps(model: ir.Model, functions: dict[str, ir.Function], values: dict,
                     window(e, fn, width, inner, env)
                 key = (fn.name, tuple(sorted((k, str(v)) for k, v in inner.items())))
                 if is_kind(fn, "rotary") and (bad := rotary.widths(
-                        e, fn, inner, label, _at(use) if use is not None else None)):
+                        e, fn, inner, label, _at(use) if use is not None else None)
+                        + rotary.values(e, fn, inner, label,
+                                        _at(use) if use is not None else None, reals)):
                     errors.extend(bad)  # what its equations would say, less plainly
                     seen.add(key)
                 if key not in seen:
@@ -275,6 +277,7 @@ def index_maps(model: ir.Model, functions: dict[str, ir.Function], values: dict,
                         break
 
     env = {k: v for k, v in values.items() if isinstance(v, Poly)}
+    reals = {k: v for k, v in values.items() if isinstance(v, float)}
     types = {v.name: v.type for v in model.inputs}
     for item in model.body:
         visit(item.body if isinstance(item, Loop) else [item], types, env, None)

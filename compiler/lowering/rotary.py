@@ -128,5 +128,41 @@ def widths(e: ir.Eqn, fn: ir.Function, inner: dict, label: str, outer: str | Non
     return []
 
 
+# what each rotary hyperparameter must be for the frequencies to be numbers: the base is
+# raised to a power (and YaRN divides by its logarithm), the factor divides, Llama 3.1's
+# smooth band divides by high - low, YaRN's bounds take logarithms of n0 over the turns
+_POSITIVE = {"theta": "the rotary base", "factor": "the scaling factor",
+             "n0": "the context first trained with", "low": "low_freq_factor",
+             "beta_fast": "YaRN's beta_fast", "beta_slow": "YaRN's beta_slow"}
+
+
+def values(e: ir.Eqn, fn: ir.Function, inner: dict, label: str, outer: str | None,
+           reals: dict[str, float]) -> list[Diagnostic]:
+    """At one configuration, a rotary use's base and scaling numbers: each positive, and
+    Llama 3.1's high above low, YaRN's base other than 1 (`inner`: the callee's values at
+    this use, sizes as numbers, reals as the model's hyperparameters they come from;
+    `reals`: the model's real hyperparameters; `outer`: where the module holding this use
+    is used)."""
+    i = intrinsic(fn)
+    known = {}
+    for k in ("theta", *SCALINGS[i.scaling]):
+        x = inner.get(k)
+        if isinstance(x, Poly) and x.symbols() <= reals.keys():
+            known[k] = float(x.evaluate(reals))
+        elif isinstance(x, (int, float)):
+            known[k] = float(x)
+    via = f" (from the use at {outer})" if outer else ""
+    bad = [(k, f"{_POSITIVE[k]} must be positive") for k, v in known.items()
+           if k in _POSITIVE and not v > 0]
+    if i.scaling == "llama3" and {"low", "high"} <= known.keys() and \
+            not known["high"] > known["low"]:
+        bad.append(("high", "high_freq_factor must exceed low_freq_factor = "
+                            f"{known['low']:g} (the smooth band lies between them)"))
+    if i.scaling == "yarn" and known.get("theta") == 1.0:
+        bad.append(("theta", "YaRN's bounds divide by the logarithm of the rotary base"))
+    return [Diagnostic("error", f"{label}: `{fn.name}`: {k} = {known[k]:g} makes no rotary "
+                       "frequencies", e.span, why + via) for k, why in bad[:1]]
+
+
 def _show(x) -> str:
     return str(int(x)) if x.denominator == 1 else str(x)
