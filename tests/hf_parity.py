@@ -106,14 +106,16 @@ def assert_greedy(ref, out: dict, V: int, new: int) -> None:
     assert torch.equal(ids, want)
 
 
-def assert_preset_count(spec: str, preset: str, family: str, config: dict) -> None:
+def assert_preset_count(spec: str, preset: str, family: str, config: dict,
+                        config_class: str | None = None) -> None:
     """`fgc params --preset` equals transformers' <family>ForCausalLM on the meta device
-    (parameters(): tied ones once)."""
+    (parameters(): tied ones once), its config <family>Config or `config_class` (Gemma 3's
+    text model: Gemma3TextConfig)."""
     import torch
     import transformers
     cls = getattr(transformers, f"{family}ForCausalLM")
     with torch.device("meta"):
-        model = cls(getattr(transformers, f"{family}Config")(**config))
+        model = cls(getattr(transformers, config_class or f"{family}Config")(**config))
     want = sum(p.numel() for p in model.parameters())
     r = fgc("params", f"specs/{spec}.fgpt", "--preset", preset, "--format", "json")
     assert r.returncode == 0, r.stderr
@@ -135,8 +137,8 @@ def assert_presets_covered(released: dict, specs: tuple[str, ...]) -> None:
 
 def count_tests(released: dict, specs: tuple[str, ...]):
     """The count tests of specs/<spec>.fgpt for each of `specs`: every (spec, preset) row
-    of `released`, (family, config) as assert_preset_count() takes them, counts as
-    transformers does, and every preset has a row."""
+    of `released`, (family, config[, config class]) as assert_preset_count() takes them,
+    counts as transformers does, and every preset has a row."""
     keys = sorted(released)
 
     @pytest.mark.parametrize("spec,preset", keys, ids=[f"{s}-{p}" for s, p in keys])

@@ -240,6 +240,49 @@ def test_unknown_module_hyperparameter(tmp_path):
     assert "G" in errs[0][2]
 
 
+# ---------------------------------------------------------------- one label, one instance
+
+LABELLED = """model T {{
+  hyper L = 4, H = 8, F = 4 * H, V = 11, n = 16
+  input x: {{1..V}}^n
+  param W_e: R[V, H]
+  H^(0) = OneHot(x) @ W_e
+  layers l in 1..L {{
+    Hhat^(l) = {body} + H^(l-1)
+    H^(l) = Hhat^(l)
+  }}
+  output probs = Softmax(H^(L) @ W_e^T)
+}}
+"""
+
+
+@pytest.mark.parametrize("body,words", [
+    ("(mlp: FF^GELU(H^(l-1)) if l is even else mlp: FF^GELU[F = 2 * H](H^(l-1)))",
+     "with other hyperparameters (F = 2*H) than its use at 7:17"),
+    ("(mlp: FF^GELU(H^(l-1)) if l is even else mlp: FF^GELU(2 * H^(l-1)))",
+     "under another condition (not l is even) than its use at 7:17"),
+], ids=["other-sizes", "other-condition"])
+def test_a_label_that_would_be_two_instances(tmp_path, body, words):
+    """A label names one instance: used again with other hyperparameters, or under another
+    condition on the layers (where the instance would exist in other layers), it is refused
+    at the second use, rather than counted and compiled as the first use alone."""
+    p = write(tmp_path, LABELLED.format(body=body))
+    errs = assert_rejected(check(p), p, line=7, col=57)
+    assert "label `mlp` names a use of `FF^GELU` " + words in errs[0][2], errs
+    r = fgc("params", p)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+
+
+def test_a_label_used_twice_alike_is_one_instance(tmp_path):
+    """The same label used twice with the same sizes and condition is one instance, its
+    parameters counted once per layer (weights shared between its two uses)."""
+    body = "mlp: FF^GELU(mlp: FF^GELU(H^(l-1)))"
+    p = write(tmp_path, LABELLED.format(body=body))
+    r = fgc("params", p, "--format", "json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["total"] == 11 * 8 + 4 * (2 * 32 * 8 + 32 + 8)
+
+
 # ---------------------------------------------------------------- arity and cycles
 
 

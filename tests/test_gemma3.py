@@ -23,10 +23,9 @@ import json
 import pytest
 from conftest import fgc, peaked_weights
 from hf_parity import (
-    assert_greedy,
-    assert_presets_covered,
-    assert_probabilities,
     compile_folder,
+    count_tests,
+    parity_tests,
     refused_config,
     tokens,
 )
@@ -38,41 +37,30 @@ pytest.importorskip("onnxruntime")
 # (spec, preset): (class, config), sizes as in the released config.json files (the 4B, 12B
 # and 27B: their text_config, as Gemma3ForCausalLM would hold the language model alone).
 # The class's config is Gemma3TextConfig (transformers' Gemma3Config is the multimodal
-# model's), so the count is hf_parity.assert_preset_count's with that class named.
+# model's), named in each row.
+TEXT = "Gemma3TextConfig"
 RELEASED = {
     ("gemma3", "1b"): ("Gemma3", dict(
         num_hidden_layers=26, hidden_size=1152, num_attention_heads=4, num_key_value_heads=1,
-        head_dim=256, intermediate_size=6912, vocab_size=262144, query_pre_attn_scalar=256)),
+        head_dim=256, intermediate_size=6912, vocab_size=262144,
+        query_pre_attn_scalar=256), TEXT),
     ("gemma3", "4b"): ("Gemma3", dict(
         num_hidden_layers=34, hidden_size=2560, num_attention_heads=8, num_key_value_heads=4,
-        head_dim=256, intermediate_size=10240, vocab_size=262208, query_pre_attn_scalar=256)),
+        head_dim=256, intermediate_size=10240, vocab_size=262208,
+        query_pre_attn_scalar=256), TEXT),
     ("gemma3", "12b"): ("Gemma3", dict(
         num_hidden_layers=48, hidden_size=3840, num_attention_heads=16, num_key_value_heads=8,
-        head_dim=256, intermediate_size=15360, vocab_size=262208, query_pre_attn_scalar=256)),
+        head_dim=256, intermediate_size=15360, vocab_size=262208,
+        query_pre_attn_scalar=256), TEXT),
     ("gemma3", "27b"): ("Gemma3", dict(
         num_hidden_layers=62, hidden_size=5376, num_attention_heads=32,
         num_key_value_heads=16, head_dim=128, intermediate_size=21504, vocab_size=262208,
-        query_pre_attn_scalar=168)),
+        query_pre_attn_scalar=168), TEXT),
 }
 
 
-@pytest.mark.parametrize("spec,preset", sorted(RELEASED), ids=[f"{s}-{p}" for s, p in
-                                                               sorted(RELEASED)])
-def test_preset_count_equals_transformers(spec, preset):
-    """`fgc params --preset` equals Gemma3ForCausalLM(Gemma3TextConfig) on the meta device
-    (parameters(): the head tied to the embedding once)."""
-    family, config = RELEASED[(spec, preset)]
-    with torch.device("meta"):
-        model = getattr(transformers, f"{family}ForCausalLM")(
-            getattr(transformers, f"{family}TextConfig")(**config))
-    want = sum(p.numel() for p in model.parameters())
-    r = fgc("params", f"specs/{spec}.fgpt", "--preset", preset, "--format", "json")
-    assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)["total"] == want
-
-
-def test_every_preset_has_a_count_test():
-    assert_presets_covered(RELEASED, ("gemma3",))
+test_preset_count_equals_transformers, test_every_preset_has_a_count_test = \
+    count_tests(RELEASED, ("gemma3",))
 
 
 # ---------------------------------------------------------------- tiny models, weights
@@ -158,14 +146,8 @@ def test_both_bases_the_factor_and_the_window_matter(compiled):
         ref.config.sliding_window = saved
 
 
-def test_probabilities_equal_transformers(compiled):
-    case, ref, out = compiled
-    assert_probabilities(ref, out, V=case[6], lengths=(N, 5))
-
-
-def test_greedy_generation_equals_transformers(compiled):
-    case, ref, out = compiled
-    assert_greedy(ref, out, V=case[6], new=10)
+test_probabilities_equal_transformers, test_greedy_generation_equals_transformers = \
+    parity_tests(vocab=lambda case: case[6])
 
 
 @pytest.mark.parametrize("optimize", [[], ["--optimize", "ort"]], ids=["standard", "ort"])

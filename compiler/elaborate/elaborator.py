@@ -2179,6 +2179,27 @@ class ModelElaborator(_Body):
         return ir_loop
 
 
+def _other_instance(a: Eqn, b: Eqn) -> str | None:
+    """How use b of a label differs from its first use a, where it would make another
+    instance (other hyperparameters, or another condition on the layers it exists in), or
+    None: the same instance used again."""
+    def binds(e: Eqn) -> dict:
+        return {k: str(v) for k, v in e.attrs.get("bindings", {}).items()}
+
+    def cond(e: Eqn) -> list:
+        return [(g.text, g.positive) for g in e.guards]
+
+    at = f"{a.span.line}:{a.span.column}" if a.span is not None else "its first use"
+    if binds(a) != binds(b):
+        show = ", ".join(f"{k} = {v}" for k, v in sorted(binds(b).items())
+                         if binds(a).get(k) != v) or "its defaults"
+        return f"with other hyperparameters ({show}) than its use at {at}"
+    if cond(a) != cond(b):
+        said = " and ".join(("" if p else "not ") + t for t, p in cond(b)) or "no condition"
+        return f"under another condition ({said}) than its use at {at}"
+    return None
+
+
 def _name_instances(body: list, top: Elaborator) -> None:
     """Name each module use: its label, else the module's name, numbered when it recurs
     (the seed's θ_LN,1, θ_LN,2, θ_LN,3)."""
@@ -2189,6 +2210,7 @@ def _name_instances(body: list, top: Elaborator) -> None:
             counts[e.attrs["module"]] = counts.get(e.attrs["module"], 0) + 1
     seen: dict[str, int] = {}
     labels: dict[str, str] = {}
+    first: dict[str, Eqn] = {}  # a label's first use: its others must agree with it
     written = {e.attrs["label"] for e in calls if e.attrs.get("label")}
     for e in calls:
         mod = e.attrs["module"]
@@ -2197,6 +2219,10 @@ def _name_instances(body: list, top: Elaborator) -> None:
             if labels.setdefault(label, mod) != mod:
                 top._error(f"label `{label}` names uses of two modules, `{labels[label]}` and "
                            f"`{mod}`", e.span, "one label is one instance of one module")
+            elif (why := _other_instance(first.setdefault(label, e), e)) is not None:
+                top._error(f"label `{label}` names a use of `{mod}` {why}", e.span,
+                           "one label is one instance, of one size, in the layers where it "
+                           "is used; give this use a label of its own")
             e.attrs["instance"] = label
         elif counts[mod] == 1 and mod not in written:
             e.attrs["instance"] = mod
