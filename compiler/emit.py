@@ -266,7 +266,8 @@ def compile_spec(spec_path: str, out_dir: str, target: str = "torch", preset: st
     from .lowering.precision import check_range
     check_range(prec, cfg.model, cfg.functions)  # a constant the precision cannot hold
     from .passes.budget import check_budget
-    check_budget(spec, cfg, target, kv_cache)  # refuse what cannot finish, before any work
+    # refuse what cannot finish, before any work
+    check_budget(spec, cfg, target, kv_cache, optimize if target == "onnx" else None)
     sym = _lowered(spec, last_position)
     if target == "onnx":
         from .lowering.signature import logits_alone, select_outputs, signature_form

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from ..elaborate import ir
 from ..elaborate.intrinsics import is_kind
-from ..elaborate.symbolic import format_poly
+from ..elaborate.symbolic import Poly, format_poly
 from ..errors import FgcError
 from ..lowering.products import groups
 from .params import as_int
@@ -36,6 +36,11 @@ MAX_TORCH_LINES = 200_000
 TORCH_LINES_PER_EQN = 2
 TORCH_LINES_FIXED = 200  # imports, constants, build(), the model's class
 KV_ENTRIES_PER_ATTENTION = 6  # past and present key and value, two Concats
+# A sparse MoE in standard operators is lowered expert by expert (its positions, its three
+# matrices, its SwiGLU, its scatter back): 23 nodes and constants an expert, measured on
+# specs/qwen3_moe.fgpt at L = 1 (E = 64: 1,572 entries; E = 128: 3,044). Under --optimize
+# ort it is onnxruntime's MoE, one node whatever E.
+MOE_ENTRIES_PER_EXPERT = 23
 
 
 @dataclass
@@ -59,9 +64,10 @@ class Estimate:
         return f"{what}; fgc's limit is {self.limit:,}"
 
 
-def estimate(cfg, target: str, kv_cache: bool = False) -> Estimate:
-    """The size of what compiling `cfg` (a configured spec) to `target` builds; no unrolling:
-    each module's equations are counted once."""
+def estimate(cfg, target: str, kv_cache: bool = False, optimize: str | None = None
+             ) -> Estimate:
+    """The size of what compiling `cfg` (a configured spec) to `target` builds (`optimize`:
+    the ONNX lowering's level); no unrolling: each module's equations are counted once."""
     functions: dict[str, ir.Function] = cfg.functions
     memo: dict[str, tuple[int, int]] = {}
 
@@ -84,6 +90,8 @@ def estimate(cfg, target: str, kv_cache: bool = False) -> Estimate:
             if e.op == "call" and e.attrs.get("module") in functions:
                 k, s = inlined(e.attrs["module"])
                 n, sites = n + k, sites + s
+                if optimize != "ort" and is_kind(functions[e.attrs["module"]], "moe"):
+                    n += MOE_ENTRIES_PER_EXPERT * _experts(e)
             else:
                 n += 1
         return n, sites
@@ -113,6 +121,12 @@ def estimate(cfg, target: str, kv_cache: bool = False) -> Estimate:
     return Estimate("onnx", total, MAX_ONNX_ENTRIES, per_layer, outside)
 
 
+def _experts(e: ir.Eqn) -> int:
+    """E at a use of MoE (0 where its binding is not a number here)."""
+    experts = e.attrs.get("bindings", {}).get("E")
+    return as_int(experts) if isinstance(experts, Poly) and experts.is_const() else 0
+
+
 def _initializers(cfg) -> dict[int | None, int]:
     """Parameter tensors by `layers` block (None: outside the layers); a family is one."""
     out: dict[int | None, int] = {}
@@ -124,12 +138,19 @@ def _initializers(cfg) -> dict[int | None, int]:
     return out
 
 
-def check_budget(spec, cfg, target: str, kv_cache: bool = False) -> None:
+def check_budget(spec, cfg, target: str, kv_cache: bool = False,
+                 optimize: str | None = None) -> None:
     """Raise FgcError, located at the model, when compiling `cfg` to `target` would build
     more than fgc's limit; cheap (the IR's equations are counted, not unrolled)."""
-    est = estimate(cfg, target, kv_cache)
+    est = estimate(cfg, target, kv_cache, optimize)
     if est.total <= est.limit:
         return
+    if target == "onnx" and optimize != "ort" and \
+            estimate(cfg, target, kv_cache, "ort").total <= est.limit:
+        raise FgcError(est.message(), spec.model.span,
+                       "its mixture of experts is lowered expert by expert in standard "
+                       "operators; --optimize ort makes each one onnxruntime's MoE operator, "
+                       "which fits")
     loops = [item for item in spec.symbolic().model.body if isinstance(item, ir.Loop)]
     if target == "onnx" and len(est.per_layer) == 1 and loops:
         fits = max((est.limit - est.outside) // max(est.per_layer[0][1], 1), 0)
