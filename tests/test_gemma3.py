@@ -280,3 +280,22 @@ def test_a_layer_condition_that_computes_with_the_layer_index(tmp_path):
     assert max(both_backends(tmp_path, EVERY_THIRD, lengths=(8, 3))) <= 1e-5
     code = (tmp_path / "torch" / "model.py").read_text()
     assert "self.l % 3 == 0" in code
+
+
+def test_the_rotary_tables_are_transformers_to_the_bit(compiled):
+    """Both kinds of layer's cosines and sines, as model.py computes them from the tables'
+    equations (a float32 power and its reciprocal, as transformers computes inv_freq), equal
+    transformers' to the bit at every position up to 32,768, where exp(-2j/d ln theta)
+    would have moved them by 1e-3."""
+    _, _, out = compiled
+    from hf_parity import module
+    classes = type(module(out["torch"])).forward.__globals__
+    d, theta, n = 256, 1e6, 32768
+    inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    for name, args, freq in (("RoPE_cos", {}, inv), ("RoPE_sin", {}, inv),
+                             ("RoPE_cos_linear", {"factor": 8.0}, inv / 8.0),
+                             ("RoPE_sin_linear", {"factor": 8.0}, inv / 8.0)):
+        got = classes[name]()(n=n, d=d, theta=theta, **args)
+        angles = torch.outer(torch.arange(n).float(), freq).repeat(1, 2)
+        want = angles.cos() if "cos" in name else angles.sin()
+        assert torch.equal(got, want), name
