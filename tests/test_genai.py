@@ -46,8 +46,19 @@ MODELS = {  # transformers' class and configuration, tiny; the vocabulary is the
               dict(num_hidden_layers=2, hidden_size=32, num_attention_heads=4,
                    num_key_value_heads=2, intermediate_size=48, max_position_embeddings=32,
                    tie_word_embeddings=False)),
+    # a sparse mixture of experts (onnxruntime's MoE under --optimize ort)
+    "qwen3_moe": ("Qwen3MoeForCausalLM", "Qwen3MoeConfig",
+                  dict(num_hidden_layers=2, hidden_size=32, num_attention_heads=4,
+                       num_key_value_heads=2, head_dim=8, moe_intermediate_size=16,
+                       num_experts=4, num_experts_per_tok=2, norm_topk_prob=True,
+                       max_position_embeddings=32, tie_word_embeddings=False)),
+    # five sliding layers (a window of 4, shorter than the run) to one full one
+    "gemma3": ("Gemma3ForCausalLM", "Gemma3TextConfig",
+               dict(num_hidden_layers=6, hidden_size=32, num_attention_heads=4,
+                    num_key_value_heads=2, head_dim=8, intermediate_size=48,
+                    query_pre_attn_scalar=8, sliding_window=4, max_position_embeddings=32)),
 }
-SEED = {"gpt2": 0, "llama": 1}
+SEED = {"gpt2": 0, "llama": 1, "qwen3_moe": 3, "gemma3": 6}
 
 # onnxruntime-genai in a process of its own: the ids of TEXT as its Tokenizer encodes them,
 # NEW more ids, greedy on the CPU, as genai_config.json says and with each other
@@ -147,10 +158,11 @@ def test_genai_generates_the_ids_of_fgc_generate(name, folders, tokenizer, genai
     model, decoder = config["model"], config["model"]["decoder"]
     hf = json.loads((folder / "config.json").read_text())
     eos = tokenizer.convert_tokens_to_ids(EOS)
-    heads = {"gpt2": (3, 3, 8, 24), "llama": (4, 2, 8, 32)}[name]
+    heads = {"gpt2": (3, 3, 8, 24)}.get(name, (4, 2, 8, 32))
     assert (decoder["num_attention_heads"], decoder["num_key_value_heads"],
             decoder["head_size"], decoder["hidden_size"]) == heads
-    assert decoder["num_hidden_layers"] == 2
+    layers = MODELS[name][2].get("num_hidden_layers", 2)
+    assert decoder["num_hidden_layers"] == layers
     assert (model["vocab_size"], model["context_length"], config["search"]["max_length"]) == \
         (len(tokenizer), 32, 32)
     assert (model["bos_token_id"], model["eos_token_id"], model["pad_token_id"]) == \
@@ -163,8 +175,9 @@ def test_genai_generates_the_ids_of_fgc_generate(name, folders, tokenizer, genai
                                   "present_value_names": "present.%d.value"}
     onnx_model = load_onnx(out, provider="cpu")
     assert [i.name for i in onnx_model.session.get_inputs()] == [
-        "input_ids", "attention_mask", "past_key_values.0.key", "past_key_values.0.value",
-        "past_key_values.1.key", "past_key_values.1.value"]
+        "input_ids", "attention_mask", *(f"past_key_values.{layer}.{kind}"
+                                         for layer in range(layers)
+                                         for kind in ("key", "value"))]
     assert {"logits", "present.0.key", "present.1.value"} <= \
         {o.name for o in onnx_model.session.get_outputs()}
 
@@ -313,18 +326,28 @@ print(json.dumps([int(i) for i in generator.get_sequence(0)][len(prompt):]))
 """
 
 
-def test_genai_shares_the_buffer_of_an_ort_graph(folders, genai_imports, tmp_path):
+@pytest.mark.parametrize("name", ["llama", "qwen3_moe", "gemma3"])
+def test_genai_shares_the_buffer_of_an_ort_graph(name, folders, genai_imports, tmp_path):
     """`--optimize ort`: GroupQueryAttention counts its keys by the padding mask, so the
     past and present share one buffer (genai_config.json's past_present_share_buffer, and
-    runtime.generate's IO binding), and genai's ids are fgc's."""
+    runtime.generate's IO binding), and genai's ids are fgc's: with onnxruntime's MoE too,
+    and with Gemma 3's sliding layers."""
     out = tmp_path / "genai"
-    r = fgc("compile", str(folders["llama"]), "--target", "onnx", "--kv-cache", "--genai",
+    r = fgc("compile", str(folders[name]), "--target", "onnx", "--kv-cache", "--genai",
             "--optimize", "ort", "-o", str(out))
     assert r.returncode == 0, r.stderr
     config = json.loads((out / "genai_config.json").read_text())
-    assert config["search"]["past_present_share_buffer"] is True
+    if name == "qwen3_moe":
+        assert '"MoE"' in str([n.op_type for n in __import__("onnx").load(
+            str(out / "model.onnx")).graph.node]).replace("'", '"')
+    if name == "gemma3":  # a window's layers keep their own mask: no shared buffer
+        assert config["search"]["past_present_share_buffer"] is (
+            load_onnx(out, provider="cpu").incremental.get("share_buffer") is True)
+    else:
+        assert config["search"]["past_present_share_buffer"] is True
     model = load_onnx(out, provider="cpu")
-    assert model.incremental["share_buffer"] is True
+    assert bool(model.incremental.get("share_buffer")) == \
+        config["search"]["past_present_share_buffer"]
     prompt = [5, 17, 3, 9, 44]
     ours = generate(model, [prompt], NEW)[0]
     g = subprocess.run([sys.executable, "-c", GENAI_IDS, str(out), str(NEW),

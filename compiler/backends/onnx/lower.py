@@ -2228,8 +2228,7 @@ def _ort_group_attention(lw: Lowerer, q: V, k: V, v: V, scale: float | None,
         (pk, kn, rk), (pv, vn, rv) = k.lazy, v.lazy
     else:
         kn, vn = k, v
-    if not all(x.fam is not None and (x.packed is not None or x.kind == "proj")
-               for x in (q, kn, vn)) or q.own[0] != kn.own[0]:
+    if not all(x.fam is not None for x in (q, kn, vn)) or q.own[0] != kn.own[0]:
         return None
     d = _int(q.own[-1])
     if d % 8:
