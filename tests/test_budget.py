@@ -150,20 +150,28 @@ def test_estimate_follows_the_graph():
 
 def test_the_estimate_of_a_mixture_of_experts_follows_its_graph():
     """A sparse MoE in standard operators grows with its E experts (each lowered on its
-    own), under --optimize ort not at all (onnxruntime's MoE): within a factor of two of
-    the graphs built."""
+    own), under --optimize ort not at all (onnxruntime's MoE): the estimate grows as the
+    graph built does, from E = 8 to E = 64, and stays near it (under --optimize ort the
+    attention's equations fuse into fewer operators than the estimate counts, so there it
+    is an overestimate, refusing early rather than late)."""
     pytest.importorskip("onnx")
     from compiler.backends.onnx.lower import Lowerer
     spec = load(str(ROOT / "specs/qwen3_moe.fgpt"))
-    for experts in (8, 64):
-        cfg = spec.configure(None, {"L": 1, "H": 16, "A": 2, "G": 1, "D": 8, "F": 8, "V": 20,
-                                    "n": 8, "E": experts, "K": 2})
-        for optimize in (None, "ort"):
+    for optimize in (None, "ort"):
+        sizes = {}
+        for experts in (8, 64):
+            cfg = spec.configure(None, {"L": 1, "H": 16, "A": 2, "G": 1, "D": 8, "F": 8,
+                                        "V": 20, "n": 8, "E": experts, "K": 2})
             model, blobs = Lowerer(spec, spec.symbolic(), cfg.values, optimize=optimize
                                    ).lower(None, stream=True)
             actual = len(model.graph.node) + len(model.graph.initializer) + len(blobs)
-            est = budget.estimate(cfg, "onnx", optimize=optimize).total
-            assert actual / 2 <= est <= actual * 2, (experts, optimize, est, actual)
+            sizes[experts] = actual, budget.estimate(cfg, "onnx", optimize=optimize).total
+            assert actual / 2 <= sizes[experts][1] <= actual * 2.5, (optimize, sizes)
+        (a8, e8), (a64, e64) = sizes[8], sizes[64]
+        if optimize == "ort":
+            assert a64 == a8 and e64 == e8, sizes
+        else:
+            assert abs((e64 - e8) - (a64 - a8)) <= 0.1 * (a64 - a8), sizes
 
 
 def test_torch_lines_refused_past_the_limit(monkeypatch):
