@@ -187,13 +187,6 @@ def _py_sym(s, sym: dict) -> Expr:
     return value if isinstance(value, Expr) else dotted(value)
 
 
-def whole(p: Poly) -> bool:
-    """Whether a size expression is a polynomial of whole coefficients and no negative
-    powers: a whole number whatever the sizes (`4 * H + 1`, not `H / A`)."""
-    return all(coef.denominator == 1 and all(e > 0 for _, e in mono)
-               for mono, coef in p.terms.items())
-
-
 def py_const(c, sym: dict) -> Expr:
     """A constant operand: a real number, or a size expression, exact as the ONNX graph
     computes it at its sizes: one that divides is N / d over whole polynomials, the whole
@@ -203,9 +196,9 @@ def py_const(c, sym: dict) -> Expr:
         if math.isinf(c):
             return Unary("-", dotted("math.inf")) if c < 0 else dotted("math.inf")
         return Const(c)
-    if whole(c):
-        return py_poly(c, sym)
     num, den = _over_common(c)
+    if den == Poly.const(1):  # a whole number whatever the sizes (`4 * H + 1`)
+        return py_poly(c, sym)
     n, d = py_poly(num, sym), py_poly(den, sym)
     return IfExp(BinOp(n, "//", d), Compare(BinOp(n, "%", d), "==", Const(0)),
                  BinOp(n, "/", d))
