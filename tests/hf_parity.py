@@ -23,11 +23,37 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import fgc, unpadded
+from conftest import fgc, peaked_weights, unpadded
 
 TOL = 1e-5
 TARGETS = (("torch", ["--target", "torch"]), ("onnx", ["--target", "onnx"]),
            ("ort", ["--target", "onnx", "--optimize", "ort"]))
+
+
+def seeded(cls, config, offset_gains: bool = False):
+    """A tiny reference: `cls(config)` made at seed 0, in eval mode, its weights re-drawn by
+    peaked_weights; `offset_gains` for norms stored as their offset from 1 (Gemma's 1 + γ):
+    moved near 0, so that the gains are near 1 as the other models' are."""
+    import torch
+    torch.manual_seed(0)
+    model = cls(config).eval()
+    peaked_weights(model)
+    if offset_gains:
+        with torch.no_grad():
+            for name, w in model.named_parameters():
+                if name.endswith("norm.weight"):
+                    w.sub_(1.0)
+    return model
+
+
+def assert_finds_spec(folder: Path, spec: str, out: Path):
+    """`fgc compile FOLDER` alone picks specs/<spec>.fgpt by config.json's architectures and
+    writes model.py into `out`; the compile's result."""
+    r = fgc("compile", str(folder), "--target", "torch", "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    assert f"{spec}.fgpt" in r.stdout + r.stderr
+    assert (out / "model.py").is_file()
+    return r
 
 
 def compile_targets(spec: str, sets: list[str], weights: Path, folder: Path) -> dict:

@@ -15,12 +15,12 @@ probabilities to 1e-5, and greedy generation with the key/value cache gives tran
 from __future__ import annotations
 
 import pytest
-from conftest import peaked_weights
 from hf_parity import (
     count_tests,
     folder_fixture,
     parity_tests,
     refused_config,
+    seeded,
 )
 
 torch = pytest.importorskip("torch")
@@ -62,10 +62,7 @@ def _reference(H, A, G, F, V, tied):
         num_attention_heads=A, num_key_value_heads=G, max_position_embeddings=N,
         layer_norm_eps=1e-5, tie_word_embeddings=tied, logit_scale=0.3,
         bos_token_id=None, eos_token_id=None, pad_token_id=None)
-    torch.manual_seed(0)
-    model = transformers.CohereForCausalLM(config).eval()
-    peaked_weights(model)
-    return model
+    return seeded(transformers.CohereForCausalLM, config)
 
 
 # no --set: the sizes and logit_scale are the folder's config.json

@@ -18,12 +18,13 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import fgc, peaked_weights
 from hf_parity import (
+    assert_finds_spec,
     count_tests,
     folder_fixture,
     parity_tests,
     refused_config,
+    seeded,
 )
 
 torch = pytest.importorskip("torch")
@@ -70,10 +71,7 @@ def _reference(L, H, A, G, D, F, V, w, D_att):
         attn_logit_softcapping=CAP_ATT, final_logit_softcapping=CAP_LOGIT,
         bos_token_id=None, eos_token_id=None, pad_token_id=None)
     config._attn_implementation = "eager"
-    torch.manual_seed(0)
-    model = transformers.Gemma2ForCausalLM(config).eval()
-    peaked_weights(model)
-    return model
+    return seeded(transformers.Gemma2ForCausalLM, config)
 
 
 # no --set: the sizes, the caps and the window are the folder's config.json
@@ -120,9 +118,7 @@ def test_a_gemma2_folder_finds_its_spec_and_refuses_what_it_does_not_write(compi
     folder = out["torch"].parent / "hf"
     config = json.loads((folder / "config.json").read_text())
     assert config["layer_types"][:2] == ["sliding_attention", "full_attention"]
-    r = fgc("compile", str(folder), "--target", "torch", "-o", str(tmp_path / "found"))
-    assert r.returncode == 0, r.stderr
-    assert "gemma2.fgpt" in r.stdout + r.stderr
+    assert_finds_spec(folder, "gemma2", tmp_path / "found")
     for key, value, message in (
             ("layer_types", ["full_attention", "sliding_attention"] * 2,
              'config.json sets `layer_types` to ["full_attention", "sliding_attention", '),

@@ -21,12 +21,14 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import fgc, peaked_weights
+from conftest import fgc
 from hf_parity import (
+    assert_finds_spec,
     compile_folder,
     count_tests,
     parity_tests,
     refused_config,
+    seeded,
     tokens,
 )
 
@@ -97,16 +99,10 @@ def _config(L, H, A, G, D, F, V, w, D_att, rope):
 def _reference(case, state=None):
     config = _config(*case)
     config._attn_implementation = "eager"
-    torch.manual_seed(0)
-    model = transformers.Gemma3ForCausalLM(config).eval()
     if state is None:
-        peaked_weights(model)
-        with torch.no_grad():  # Gemma's gains are stored as their offset from 1: (1 + gamma)
-            for name, p in model.named_parameters():  # near 1, as the other models' gains
-                if name.endswith("norm.weight"):
-                    p.sub_(1.0)
-    else:
-        model.load_state_dict(state)
+        return seeded(transformers.Gemma3ForCausalLM, config, offset_gains=True)
+    model = transformers.Gemma3ForCausalLM(config).eval()
+    model.load_state_dict(state)
     return model
 
 
@@ -191,9 +187,7 @@ def test_a_gemma3_folder_finds_its_spec_and_refuses_what_it_does_not_write(compi
     config = json.loads((folder / "config.json").read_text())
     assert config["layer_types"] == ["sliding_attention"] * 5 + ["full_attention",
                                                                  "sliding_attention"]
-    r = fgc("compile", str(folder), "--target", "torch", "-o", str(tmp_path / "found"))
-    assert r.returncode == 0, r.stderr
-    assert "gemma3.fgpt" in r.stdout + r.stderr
+    assert_finds_spec(folder, "gemma3", tmp_path / "found")
     L = len(config["layer_types"])
     for key, value, message in (
             ("layer_types", (["sliding_attention", "full_attention"] * L)[:L],

@@ -14,13 +14,14 @@ cache gives transformers' `generate` ids.
 from __future__ import annotations
 
 import pytest
-from conftest import fgc, peaked_weights
 from hf_parity import (
     DELETE,
+    assert_finds_spec,
     count_tests,
     folder_fixture,
     parity_tests,
     refused_config,
+    seeded,
 )
 
 torch = pytest.importorskip("torch")
@@ -58,10 +59,7 @@ def _reference(H, A, G, F, V, tied):
         rms_norm_eps=1e-5, tie_word_embeddings=tied, embedding_multiplier=12.0,
         attention_multiplier=0.07, residual_multiplier=0.22, logits_scaling=3.0,
         bos_token_id=None, eos_token_id=None, pad_token_id=None)
-    torch.manual_seed(0)
-    model = transformers.GraniteForCausalLM(config).eval()
-    peaked_weights(model)
-    return model
+    return seeded(transformers.GraniteForCausalLM, config)
 
 
 # no --set: the sizes and the four multipliers are the folder's config.json
@@ -78,8 +76,6 @@ def test_a_granite_folder_finds_its_spec_and_needs_every_multiplier(compiled, tm
     never compiled with a multiplier of 1."""
     _, _, out = compiled
     folder = out["torch"].parent / "hf"
-    r = fgc("compile", str(folder), "--target", "torch", "-o", str(tmp_path / "found"))
-    assert r.returncode == 0, r.stderr
-    assert "granite.fgpt" in r.stdout + r.stderr
+    assert_finds_spec(folder, "granite", tmp_path / "found")
     r = refused_config(folder, tmp_path, "granite", residual_multiplier=DELETE)
     assert "residual_multiplier" in r.stderr

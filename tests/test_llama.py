@@ -14,12 +14,13 @@ cache holds the G key/value heads.
 from __future__ import annotations
 
 import pytest
-from conftest import fgc, peaked_weights, set_args
+from conftest import fgc, set_args
 from hf_parity import (
     compile_targets,
     count_tests,
     module,
     parity_tests,
+    seeded,
     tokens,
 )
 
@@ -96,10 +97,7 @@ def _reference(spec, H, A, G, F, V, n, theta, w, tied, L=2):
         vocab_size=V, hidden_size=H, intermediate_size=F, num_hidden_layers=L,
         num_attention_heads=A, num_key_value_heads=G, max_position_embeddings=n,
         rope_theta=theta, rms_norm_eps=1e-5, tie_word_embeddings=tied, **extra)
-    torch.manual_seed(0)
-    model = cls(config).eval()
-    peaked_weights(model)
-    return model
+    return seeded(cls, config)
 
 
 def _sets(spec, H, A, G, F, V, n, theta, w, tied, L=2) -> list[str]:

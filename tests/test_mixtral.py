@@ -15,12 +15,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import fgc, peaked_weights, set_args
+from conftest import fgc, set_args
 from hf_parity import (
     compile_targets,
     count_tests,
     module,
     parity_tests,
+    seeded,
     tokens,
 )
 
@@ -53,10 +54,7 @@ def _reference(H, A, G, F, E, K, V, n, L=2):
         num_experts_per_tok=K, max_position_embeddings=n, rope_theta=10000.0,
         rms_norm_eps=1e-5, sliding_window=None, tie_word_embeddings=False,
         eos_token_id=None)  # generate() runs its full length, as step() does
-    torch.manual_seed(0)
-    model = transformers.MixtralForCausalLM(config).eval()
-    peaked_weights(model)
-    return model
+    return seeded(transformers.MixtralForCausalLM, config)
 
 
 def _sets(H, A, G, F, E, K, V, n, L=2) -> list[str]:

@@ -16,12 +16,13 @@ probabilities to 1e-5, and greedy generation with the key/value cache gives tran
 from __future__ import annotations
 
 import pytest
-from conftest import fgc, peaked_weights
 from hf_parity import (
+    assert_finds_spec,
     count_tests,
     folder_fixture,
     parity_tests,
     refused_config,
+    seeded,
 )
 
 torch = pytest.importorskip("torch")
@@ -70,10 +71,7 @@ def _reference(H, A, G, D, F, V, tied):
         rms_norm_eps=1e-6, rope_theta=500000.0, tie_word_embeddings=tied,
         bos_token_id=None, eos_token_id=None, pad_token_id=None,
         **({} if D is None else {"head_dim": D}))
-    torch.manual_seed(0)
-    model = transformers.Olmo2ForCausalLM(config).eval()
-    peaked_weights(model)
-    return model
+    return seeded(transformers.Olmo2ForCausalLM, config)
 
 
 # no --set: the sizes (head_dim where the file has one) are the folder's config.json
@@ -100,10 +98,7 @@ def folder(tmp_path_factory):
 
 def test_an_olmo2_folder_finds_its_spec(folder, tmp_path):
     """`fgc compile FOLDER` finds specs/olmo2.fgpt by config.json's architectures."""
-    r = fgc("compile", str(folder), "--target", "torch", "-o", str(tmp_path / "found"))
-    assert r.returncode == 0, r.stderr
-    assert "olmo2.fgpt" in r.stdout + r.stderr
-    assert (tmp_path / "found" / "model.py").exists()
+    assert_finds_spec(folder, "olmo2", tmp_path / "found")
 
 
 @pytest.mark.parametrize("key", sorted(REFUSED))

@@ -17,11 +17,12 @@ nothing reads, rather than read wrongly.
 from __future__ import annotations
 
 import pytest
-from conftest import fgc, peaked_weights, set_args
+from conftest import fgc, set_args
 from hf_parity import (
     compile_targets,
     count_tests,
     parity_tests,
+    seeded,
 )
 
 torch = pytest.importorskip("torch")
@@ -94,10 +95,7 @@ def _reference(spec, H, A, F, V, extra, G=None, L=2):
                                             rotary_emb_base=10000, layer_norm_eps=1e-5,
                                             use_parallel_residual=True, hidden_act="gelu",
                                             **common)
-    torch.manual_seed(0)
-    model = cls(config).eval()
-    peaked_weights(model)
-    return model
+    return seeded(cls, config)
 
 
 def _sets(spec, H, A, F, V, extra, G=None, L=2) -> list[str]:

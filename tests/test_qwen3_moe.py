@@ -20,13 +20,14 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import fgc, peaked_weights
+from conftest import fgc
 from hf_parity import (
     DELETE,
     count_tests,
     folder_fixture,
     parity_tests,
     refused_config,
+    seeded,
     tokens,
 )
 
@@ -71,10 +72,7 @@ def _reference(L, H, A, G, D, F, E, K, V, tied):
         bos_token_id=None, eos_token_id=None,  # generate() runs its full length, as step()
         pad_token_id=None)
     config._attn_implementation = "eager"
-    torch.manual_seed(0)
-    model = transformers.Qwen3MoeForCausalLM(config).eval()
-    peaked_weights(model)
-    return model
+    return seeded(transformers.Qwen3MoeForCausalLM, config)
 
 
 # no --set: the sizes are the folder's config.json; the experts one tensor each

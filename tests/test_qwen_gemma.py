@@ -15,7 +15,7 @@ compile from the folder alone to transformers' probabilities and ids too.
 from __future__ import annotations
 
 import pytest
-from conftest import peaked_weights, set_args
+from conftest import set_args
 from hf_parity import (
     assert_greedy,
     assert_probabilities,
@@ -24,6 +24,7 @@ from hf_parity import (
     count_tests,
     parity_tests,
     refused_config,
+    seeded,
     tokens,
 )
 
@@ -96,15 +97,8 @@ def _reference(spec, H, A, G, D, F, V, tied, file_has_head, L=2):
         rope_theta=1e6 if spec != "gemma" else 10000.0, rms_norm_eps=1e-6,
         tie_word_embeddings=tied, bos_token_id=None, eos_token_id=None, pad_token_id=None,
         **extra)
-    torch.manual_seed(0)
-    model = getattr(transformers, f"{family}ForCausalLM")(config).eval()
-    peaked_weights(model)
-    if spec == "gemma":  # (1 + gamma) near 1, as the other norms' gains
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                if name.endswith("norm.weight"):
-                    p.sub_(1.0)
-    return model
+    return seeded(getattr(transformers, f"{family}ForCausalLM"), config,
+                  offset_gains=spec == "gemma")
 
 
 def _sets(spec, H, A, G, D, F, V, tied, file_has_head, L=2) -> list[str]:
@@ -153,10 +147,7 @@ def _yarn_reference(spec, H, A, G, D, rope=YARN):
         rms_norm_eps=1e-6, tie_word_embeddings=False, rope_parameters=dict(rope),
         bos_token_id=None, eos_token_id=None, pad_token_id=None,
         **({"head_dim": D} if D else {}))
-    torch.manual_seed(0)
-    model = getattr(transformers, f"{family}ForCausalLM")(config).eval()
-    peaked_weights(model)
-    return model
+    return seeded(getattr(transformers, f"{family}ForCausalLM"), config)
 
 
 @pytest.fixture(scope="module", params=YARN_CASES, ids=[c[0] for c in YARN_CASES])
