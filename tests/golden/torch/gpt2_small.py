@@ -88,8 +88,12 @@ def rows_at(table, at, length):
 # pass streams each weight from memory. So the kernels are timed in use: the first
 # products of each shape class (rows to a power of two, the weight's shape and layout, the
 # threads) take turns among the candidates, each product computed once by one of them,
-# and after SAMPLES timed products each KERNELS keeps the one of the shortest time for the
-# rest of the process. ONEDNN = False takes the plain product everywhere.
+# and after SAMPLES timed products each KERNELS keeps the one of the shortest median time
+# for the rest of the process: the median, because a product's time in use moves with what
+# the cache and the threads were doing before it, and the shortest of a few such times
+# picked a kernel by its luckiest run (a Mixtral layer's experts of 2-7 rows went to a GEMM
+# that ran 3-4 times slower in the pass than in its best trial). ONEDNN = False takes the
+# plain product everywhere.
 #
 # oneDNN reorders a plain weight into its own blocked layout at every product: a product
 # of a few rows reads the weight twice and writes it once. PREPACK = True (set before the
@@ -102,7 +106,7 @@ ONEDNN = True
 PREPACK = False
 KERNELS = {}
 TRIALS = {}  # a shape class still timed: its candidates, their times, the (candidate, x shape)s run
-SAMPLES = 3  # products each candidate times before the choice
+SAMPLES = 5  # products each candidate times before the choice
 PACKED = None  # {parameter: {view: (version, packed copy)}}, weakly keyed, made when needed
 
 
@@ -178,7 +182,7 @@ def trial(key, x, w):
     out = kernels[k](x, w)
     times[k].append(perf_counter() - start)
     if min(len(t) for t in times) >= SAMPLES:
-        best = [min(t) for t in times]
+        best = [sorted(t)[len(t) // 2] for t in times]
         KERNELS[key] = kernels[best.index(min(best))]
         del TRIALS[key]
     return out
