@@ -67,6 +67,12 @@ def test_gpt2_to_gpt3_symbolic_layers():
     assert "layers 2: same" in r.stdout
 
 
+def test_a_computed_layer_condition_prints_as_written():
+    r = fgc("diff", "specs/gemma2.fgpt", "specs/gemma3.fgpt")
+    assert r.returncode == 1, r.stderr
+    assert "{n=n, w=w} when not (l % 6 == 0)" in r.stdout and "l%6" not in r.stdout
+
+
 def test_bert_to_roberta_drops_segments():
     code, r = diff_json("specs/formal/bert.fgpt", "specs/formal/roberta.fgpt")
     assert code == 1

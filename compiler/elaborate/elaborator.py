@@ -550,7 +550,10 @@ def _show_expr(e: S.Expr, parent: int = 0) -> str:
         prec = _PRECEDENCE[e.op]
         left = _show_expr(e.left, prec)
         right = _show_expr(e.right, prec + 1)  # left-associative
-        text = f"{left} {e.op} {right}" if prec == 1 else f"{left}{e.op}{right}"
+        # products and quotients tight, as formulas print them (A*D*H); `%` spaced, as
+        # specs write it (l % 6 == 0)
+        spaced = prec == 1 or e.op == "%"
+        text = f"{left} {e.op} {right}" if spaced else f"{left}{e.op}{right}"
         return f"({text})" if prec < parent else text
     if isinstance(e, S.Neg):
         return f"-{_show_expr(e.operand, 3)}"
