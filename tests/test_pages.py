@@ -1,8 +1,11 @@
 """runtime/pages.py: the memory an onnxruntime session maps while it is made goes onto
 huge pages, nothing else is touched, the contents stay, and it can be turned off."""
 
+import os
 import random
+import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,6 +14,19 @@ from runtime import pages
 from runtime.pages import HUGE, _new
 
 linux = pytest.mark.skipif(sys.platform != "linux", reason="/proc/self/maps and madvise")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _in_a_fresh_process(body) -> None:
+    """Run `body`, a function of this file, in a new interpreter. These checks read the
+    process's own memory map, which depends on all the process ran before: in a test
+    worker that had run other files first (pytest -n), the allocator placed a new array
+    where no new mapping showed."""
+    code = f"import test_pages; test_pages.{body.__name__}()"
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT / "tests",
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
 
 
 def _reference(before, after):
@@ -50,6 +66,10 @@ def test_new_ranges_of_a_grown_mapping_leave_its_old_part():
 
 @linux
 def test_only_memory_mapped_inside_the_block_is_asked_for():
+    _in_a_fresh_process(_only_memory_mapped_inside_the_block_is_asked_for)
+
+
+def _only_memory_mapped_inside_the_block_is_asked_for():
     old = np.arange(16 * HUGE // 8, dtype=np.float64)  # mapped before: never asked for
     old_lo = old.ctypes.data
     with pages.onto_huge_pages() as placed:
@@ -65,6 +85,10 @@ def test_only_memory_mapped_inside_the_block_is_asked_for():
 
 @linux
 def test_the_new_ranges_of_this_process_cover_a_new_array_and_not_an_old_one():
+    _in_a_fresh_process(_the_new_ranges_of_this_process_cover_a_new_array_and_not_an_old_one)
+
+
+def _the_new_ranges_of_this_process_cover_a_new_array_and_not_an_old_one():
     old = np.ones(16 * HUGE // 8)
     before = pages._anonymous()
     new = np.ones(32 * HUGE // 8)
