@@ -1118,7 +1118,7 @@ def _folder_config(folder: str):
 def _picked(folder: str):
     """(the spec's path, None) for a model folder, said on stderr, or (None, exit code)."""
     from .config_json import pick_spec
-    from .errors import FgcError, Sources
+    from .errors import FgcError, Sources, printable
     config, code = _folder_config(folder)
     if config is None:
         return None, code
@@ -1127,8 +1127,8 @@ def _picked(folder: str):
     except FgcError as e:
         _print_diagnostics(e.diagnostics, Sources())
         return None, EXIT_SPEC
-    print(f"fgc: {config.path} names {config.describe()}; its spec is {claim.path}",
-          file=sys.stderr)
+    print(f"fgc: {printable(config.path)} names {config.describe()}; its spec is "
+          f"{printable(claim.path)}", file=sys.stderr)
     return claim.path, None
 
 

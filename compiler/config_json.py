@@ -33,7 +33,7 @@ from pathlib import Path
 
 from .elaborate.elaborator import _CONSTANTS, Statics, _names_in, _show_expr
 from .elaborate.symbolic import Poly
-from .errors import Diagnostic, FgcError, Span
+from .errors import Diagnostic, FgcError, Span, printable
 from .syntax import nodes as S
 
 CONFIG_FILE = "config.json"
@@ -76,11 +76,13 @@ class ConfigFile:
         return kind if isinstance(kind, str) else None
 
     def describe(self) -> str:
-        """`LlamaForCausalLM, model_type "llama"`: what the file says it is."""
+        """`LlamaForCausalLM, model_type "llama"`: what the file says it is, its strings
+        shown through `printable` (a control character in them is an escape, never sent to
+        the terminal)."""
         parts = list(self.architectures)
         if self.model_type is not None:
             parts.append(f'model_type "{self.model_type}"')
-        return ", ".join(parts) or "no architectures and no model_type"
+        return printable(", ".join(parts)) or "no architectures and no model_type"
 
     def span(self, path: list[str | int]) -> Span:
         """Where the key `path` is written: found by its quoted name after its parent's, so a
@@ -385,7 +387,8 @@ class Reading:
 
     def lines(self) -> list[str]:
         """The configuration read, a line per hyperparameter: `H  = 2048  hidden_size`."""
-        out = [f"config   {self.config.path} ({self.config.describe()}): {self.spec}"]
+        out = [f"config   {printable(self.config.path)} ({self.config.describe()}): "
+               f"{printable(self.spec)}"]
         width = max((len(o.name) for o in self.hypers), default=1)
         shown = [show_value(o.value) for o in self.hypers]
         vwidth = max((len(s) for s in shown), default=1)

@@ -435,6 +435,19 @@ def test_a_folder_no_spec_claims_is_refused_with_the_list(tmp_path):
         assert name in r.stderr
 
 
+def test_what_a_folder_says_it_is_reaches_the_terminal_escaped(tmp_path):
+    """config.json's architectures and model_type, said back on stderr and in `fgc params`'
+    report, carry no control character to the terminal (a right-to-left override here)."""
+    config = json.loads(_gpt2_folder(tmp_path).joinpath("config.json").read_text())
+    config["model_type"] = "gpt2\u202e\x1b[31m"
+    folder = _folder(tmp_path, config, "odd")
+    r = fgc("params", str(folder))
+    assert r.returncode == 0, r.stderr
+    assert "\u202e" not in r.stdout + r.stderr and "\x1b" not in r.stdout + r.stderr
+    assert 'model_type "gpt2\\u202e\\x1b[31m"' in r.stderr
+    assert 'model_type "gpt2\\u202e\\x1b[31m"' in r.stdout
+
+
 def test_another_models_folder_is_refused_by_a_named_spec(tiny_llama, tmp_path):
     r = fgc("compile", "specs/gpt2.fgpt", "--weights", str(tiny_llama), "-o", str(tmp_path))
     assert r.returncode == 1
