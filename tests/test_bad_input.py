@@ -566,6 +566,35 @@ def test_absurd_layer_count_is_reported_once(tmp_path):
     assert len(errs) == 1, errs
 
 
+AFTER_THE_LAYERS = BASE.replace("  output y = H^(L)", "  Hf = LN(H^(L))\n  output y = Hf")
+PROJECTED = """\
+model M {
+  hyper L, H, n
+  input x: R[n, H]
+  param W: R[H, H]
+  H^(0) = x @ W
+  layers l in 1..L {
+    H^(l) = H^(l-1) @ W
+  }
+  Hf = H^(L) @ W
+  output P = Hf @ W
+}
+"""
+
+
+@pytest.mark.parametrize("text, line", [
+    (AFTER_THE_LAYERS.replace("L = 2", "L = 1000000000"), 6),  # the layers
+    (PROJECTED.replace("R[n, H]", "R[m, H]"), 3),  # an input
+    (PROJECTED.replace("W: R[H, H]", "W: R[H, Z]"), 4),  # a parameter
+], ids=["layers", "input", "parameter"])
+def test_what_a_failed_statement_defines_fails_silently_after_it(tmp_path, text, line):
+    """One error for one mistake: the names a failed statement defines, and then those
+    computed from them, are not reported again as unknown (`unknown name `Hf``)."""
+    p = write(tmp_path, text)
+    errs = assert_rejected(check(p), p, line=line)
+    assert len(errs) == 1, errs
+
+
 # ---------------------------------------------------------------- shapes
 
 

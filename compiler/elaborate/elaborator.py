@@ -656,8 +656,9 @@ class _Body:
         """Run one statement, turning its failure into one diagnostic."""
         try:
             handler(stmt)
-        except Poisoned:
-            pass
+        except Poisoned:  # an input failed, and said so: what this defines fails silently too
+            for name in self._targets(stmt):
+                self.scope.values[name] = POISON  # type: ignore[assignment]
         except FgcError as e:
             self.top.diagnostics.extend(e.diagnostics)
             for name in self._targets(stmt):
@@ -675,6 +676,8 @@ class _Body:
             for w in stmt.where:
                 out.append(w.name)
             return out
+        if isinstance(stmt, S.ArgDecl) and stmt.family is None:  # an input that failed
+            return [stmt.name]
         return []
 
     def bind(self, name: str, ref: Ref, span: Span | None) -> Ref:
@@ -1925,6 +1928,8 @@ class ModelElaborator(_Body):
                 params.append(_ModuleElaborator.declare_param(self, p))  # type: ignore[arg-type]
             except FgcError as e:
                 self.top.diagnostics.extend(e.diagnostics)
+                if p.family is None and p.name not in self.scope.params:  # its uses: silent
+                    self.scope.values.setdefault(p.name, POISON)  # type: ignore[arg-type]
         body: list = []
         outputs: list[Value] = []
         shared_with: list[S.Share] = []
