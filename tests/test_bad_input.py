@@ -582,6 +582,42 @@ model M {
 """
 
 
+TABLE = """\
+module T[n, d, theta, f] -> R[n, d] {
+  T[p, k] = cos((p - 1) / pow(theta, 2 * ((k - 1) % (d / 2)) / d) / f)
+}
+model M {
+  hyper H = 4, n = 4, theta = 10000.0, f = 2.0
+  input x: R[n, H]
+  param W: R[H, H]
+  Y = x @ W * T[n, H, theta, f] / f
+  output P = Y
+}
+"""
+
+
+@pytest.mark.parametrize("sets, line, col, words", [
+    ({"f": "0"}, 8, 15, "a division by f = 0"),  # in the module, through its use
+    ({"theta": "-10000"}, 8, 15, "theta = -10000, negative, raised to real powers"),
+    ({"f": "0.0", "H": "8"}, 8, 15, "a division by f = 0"),
+], ids=["zero-in-a-module", "negative-base", "zero-real"])
+def test_a_value_that_would_be_infinite_or_nan_is_refused(tmp_path, sets, line, col, words):
+    """A real hyperparameter that makes every value of an equation infinite or NaN (a
+    division by a factor of 0, a negative rotary base raised to real powers) is an error
+    at the use, at check time and before compiling, not a model computing NaN."""
+    p = write(tmp_path, TABLE)
+    assert check(p).returncode == 0
+    args = [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
+    for r in (fgc("params", p, *args),
+              fgc("compile", p, *args, "--target", "onnx", "-o", str(tmp_path / "out"))):
+        errs = assert_rejected(r, p, line=line, col=col)
+        assert words in errs[0][2], errs
+    assert not (tmp_path / "out").exists()
+    # the model's own equation too (line 8's `/ f`), the module's once
+    r = fgc("params", p, "--set", "f=0")
+    assert len(errors_of(r, p)) == 2, r.stderr
+
+
 @pytest.mark.parametrize("text, line", [
     (AFTER_THE_LAYERS.replace("L = 2", "L = 1000000000"), 6),  # the layers
     (PROJECTED.replace("R[n, H]", "R[m, H]"), 3),  # an input

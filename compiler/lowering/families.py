@@ -224,6 +224,40 @@ def index_maps(model: ir.Model, functions: dict[str, ir.Function], values: dict,
             (f"{sizes}; " if sizes else "") + "it keeps a whole number from 1 to the length "
             f"of its last axis (K of the E experts), at {_at(e.span)}"))
 
+    def constant(o: ir.Operand, env: dict) -> float | None:
+        """A constant operand's number at this configuration, or None (not a constant, or
+        not known here). `env`: the names in scope, each a Poly in the model's sizes and
+        reals, or a number."""
+        c = o.const if o.name is None else None
+        if isinstance(c, Poly):
+            numbers = {**reals, **{k: float(v) for k, v in env.items()
+                                   if isinstance(v, (int, float))}}
+            c = c.subs({k: v for k, v in env.items() if isinstance(v, Poly)})
+            if not c.symbols() <= numbers.keys():
+                return None
+            return float(c.evaluate(numbers))
+        return float(c) if isinstance(c, (int, float)) else None
+
+    def undefined(e: Eqn, types: dict, env: dict, use) -> None:
+        """A division by a constant that is 0 at this configuration (a real hyperparameter
+        such as a rotary factor, or sizes), or a constant negative base raised to real
+        powers (a rotary base below 0): every value it makes would be infinite or NaN, in
+        both backends."""
+        if e.op == "div" and len(e.ins) == 2 and constant(e.ins[1], env) == 0:
+            what, o = f"a division by {e.ins[1]} = 0", e.ins[1]
+        elif e.op == "pow" and len(e.ins) == 2 and (base := constant(e.ins[0], env)) is not None \
+                and base < 0 and e.ins[1].name is not None \
+                and types.get(e.ins[1].name, e.outs[0].type).dtype == "real":
+            what, o = f"{e.ins[0]} = {base:g}, negative, raised to real powers", e.ins[0]
+        else:
+            return
+        named = sorted(o.const.symbols()) if isinstance(o.const, Poly) else []
+        where = f"the use at {_at(use)}" if use is not None else "the model"
+        errors.append(Diagnostic(
+            "error", f"{label}: {what}", use or e.span,
+            f"every value it makes would be infinite or not a number; at {_at(e.span)}, "
+            f"from {where}" + (f" ({', '.join(f'`{n}`' for n in named)})" if named else "")))
+
     def visit(eqns: list[Eqn], types: dict, env: dict, use) -> None:
         broken = False
         for e in eqns:
@@ -232,10 +266,11 @@ def index_maps(model: ir.Model, functions: dict[str, ir.Function], values: dict,
                 broken = whole(e, env, use)
             if e.op == "keeptopk":
                 kept(e, types, env, use)
+            if e.op in ("div", "pow"):
+                undefined(e, types, env, use)
             if e.op == "call" and e.attrs["module"] in functions:
                 fn = functions[e.attrs["module"]]
-                inner = {k: v.subs(env) if isinstance(v, Poly) else v
-                         for k, v in e.attrs.get("bindings", {}).items()}
+                inner = {k: _at_use(v, env) for k, v in e.attrs.get("bindings", {}).items()}
                 width = intrinsic(fn).width if intrinsic(fn) is not None else None
                 if width is not None:
                     window(e, fn, width, inner, env)
@@ -248,7 +283,11 @@ def index_maps(model: ir.Model, functions: dict[str, ir.Function], values: dict,
                     seen.add(key)
                 if key not in seen:
                     seen.add(key)
-                    visit(fn.eqns, {v.name: v.type for v in fn.inputs}, inner,
+                    # (the hyperparameters the use leaves at their defaults, so that none
+                    # is taken for a model's hyperparameter of the same name)
+                    scope = {**{h.name: h.default for h in fn.hypers
+                                if h.default is not None}, **inner}
+                    visit(fn.eqns, {v.name: v.type for v in fn.inputs}, scope,
                           use if use is not None else e.span)
             if e.family is None:
                 continue
@@ -282,6 +321,16 @@ def index_maps(model: ir.Model, functions: dict[str, ir.Function], values: dict,
     for item in model.body:
         visit(item.body if isinstance(item, Loop) else [item], types, env, None)
     return errors
+
+
+def _at_use(v, env: dict):
+    """A binding in the scope of its use: a Poly with `env`'s Polys put in, a number where
+    every name left in it is a number there (a module's real hyperparameter passed on)."""
+    if not isinstance(v, Poly):
+        return v
+    v = v.subs(env)
+    numbers = {s: float(env[s]) for s in v.symbols() if isinstance(env.get(s), (int, float))}
+    return float(v.evaluate(numbers)) if numbers and v.symbols() <= numbers.keys() else v
 
 
 def _number(x) -> str:
