@@ -145,7 +145,23 @@ def read_config(folder: str | os.PathLike) -> ConfigFile:
         raise FgcError(f"{path} is nested too deeply to read", None) from None
     if not isinstance(value, dict):
         raise FgcError(f"{path} holds a JSON {type(value).__name__}, not an object", None)
-    return ConfigFile(path, text, value)
+    config = ConfigFile(path, text, value)
+    # what the file says it is, which chooses the spec: of the kinds transformers writes,
+    # or an error (never read past, as a string for `architectures` would be)
+    names, kind = value.get("architectures"), value.get("model_type")
+    bad = ("architectures" if names is not None and not (
+        isinstance(names, list) and all(isinstance(a, str) for a in names)) else
+           "model_type" if kind is not None and not isinstance(kind, str) else None)
+    if bad is not None:
+        from .errors import Sources
+        err = FgcError(f"config.json's `{bad}` is {show_json(value[bad])}, not "
+                       + ("a list of class names" if bad == "architectures" else "a string"),
+                       config.span([bad]), "save_pretrained writes "
+                       + ('["LlamaForCausalLM"]' if bad == "architectures" else '"llama"'))
+        err.sources = Sources()  # type: ignore[attr-defined]
+        err.sources.add(path, text)
+        raise err
+    return config
 
 
 class _Twice(Exception):

@@ -448,6 +448,23 @@ def test_what_a_folder_says_it_is_reaches_the_terminal_escaped(tmp_path):
     assert 'model_type "gpt2\\u202e\\x1b[31m"' in r.stdout
 
 
+@pytest.mark.parametrize("key, value, words", [
+    ("architectures", "GPT2LMHeadModel", 'is "GPT2LMHeadModel", not a list of class names'),
+    ("architectures", ["GPT2LMHeadModel", 2], "not a list of class names"),
+    ("model_type", ["gpt2"], 'is ["gpt2"], not a string'),
+])
+def test_what_a_folder_says_it_is_has_the_kind_transformers_writes(tmp_path, key, value,
+                                                                     words):
+    """A malformed `architectures` or `model_type` is an error at its key, not passed over
+    for the other one (a string for `architectures` chose the spec by model_type alone)."""
+    config = json.loads(_gpt2_folder(tmp_path).joinpath("config.json").read_text())
+    config[key] = value
+    folder = _folder(tmp_path, config, "odd")
+    r = fgc("params", str(folder))
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert f"{folder / 'config.json'}:" in r.stderr and words in r.stderr, r.stderr
+
+
 def test_another_models_folder_is_refused_by_a_named_spec(tiny_llama, tmp_path):
     r = fgc("compile", "specs/gpt2.fgpt", "--weights", str(tiny_llama), "-o", str(tmp_path))
     assert r.returncode == 1
