@@ -81,8 +81,9 @@ def frequencies(r: Rotary):
         ramp = np.clip((np.arange(r.width // 2, dtype=f32) - f32(lo)) / f32(hi - lo), 0, 1)
         kept = f32(1) - ramp.astype(f32)  # the share of each frequency kept as it is
         pos = f32(r.theta) ** (np.arange(0, r.width, 2).astype(f32) / f32(r.width))
-        return ((f32(1) / (f32(factor) * pos)) * (f32(1) - kept)
-                + (f32(1) / pos) * kept).astype(f32)
+        with np.errstate(over="ignore"):  # a factor past float32's range divides to 0, as
+            scaled = f32(1) / (f32(factor) * pos)  # in transformers' float32 tensors
+        return (scaled * (f32(1) - kept) + (f32(1) / pos) * kept).astype(f32)
     return inv_freq
 
 
