@@ -235,7 +235,10 @@ def index_maps(model: ir.Model, functions: dict[str, ir.Function], values: dict,
             c = c.subs({k: v for k, v in env.items() if isinstance(v, Poly)})
             if not c.symbols() <= numbers.keys():
                 return None
-            return float(c.evaluate(numbers))
+            try:
+                return float(c.evaluate(numbers))
+            except (ArithmeticError, ValueError):  # a non-finite real: not judged here
+                return None
         return float(c) if isinstance(c, (int, float)) else None
 
     def undefined(e: Eqn, types: dict, env: dict, use) -> None:
@@ -329,8 +332,16 @@ def _at_use(v, env: dict):
     if not isinstance(v, Poly):
         return v
     v = v.subs(env)
-    numbers = {s: float(env[s]) for s in v.symbols() if isinstance(env.get(s), (int, float))}
-    return float(v.evaluate(numbers)) if numbers and v.symbols() <= numbers.keys() else v
+    names = v.symbols()
+    numbers = {s: float(env[s]) for s in names if isinstance(env.get(s), (int, float))}
+    if not names or names - numbers.keys():
+        return v
+    if len(names) == 1 and v == Poly.sym(next(iter(names))):  # passed on as it is (inf too)
+        return numbers[next(iter(names))]
+    try:
+        return float(v.evaluate(numbers))
+    except (ArithmeticError, ValueError):  # a non-finite real in an expression: left named
+        return v
 
 
 def _number(x) -> str:

@@ -353,7 +353,13 @@ class Lowerer:
         out = x.subs({k: v for k, v in env.items() if isinstance(v, Poly)})
         reals = {k: v for k, v in env.items() if isinstance(v, float)}
         if out.symbols() & reals.keys():
-            return float(out.evaluate({**reals}))
+            if len(out.symbols()) == 1 and out == Poly.sym(next(iter(out.symbols()))):
+                return reals[next(iter(out.symbols()))]  # as it is, `inf` too
+            try:
+                return float(out.evaluate({**reals}))
+            except (ArithmeticError, ValueError):  # exact arithmetic on an infinite real
+                raise Unsupported(f"{format_poly(x)} computes with an infinite real "
+                                  "hyperparameter") from None
         return out
 
     # ---------------------------------------------------------------- parameters
