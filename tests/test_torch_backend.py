@@ -782,6 +782,31 @@ def test_kernels_are_timed_on_the_products_the_pass_makes(compiled):
         assert not module.TRIALS and len(module.KERNELS) >= 3
 
 
+def test_a_shape_class_keeps_the_kernel_of_the_shortest_median_time(compiled):
+    """project()'s choice weighs each candidate by the median of its SAMPLES timed products,
+    not by its luckiest: a kernel with one fast product among slow ones loses to a steady
+    one (in use, a product's time moves with what ran before it)."""
+    path, _ = compiled("specs/formal/gpt2.fgpt", None, GOLDEN_SETS)
+    module = import_model(path)
+    x, w = torch.randn(2, 4), torch.randn(4, 3)
+
+    def lucky(x, w):
+        return x @ w
+
+    def steady(x, w):
+        return x @ w
+
+    n, key = module.SAMPLES, ("a shape class",)
+    assert n >= 3
+    # lucky has timed all its products (one of them 1 ns), steady all but one; both have
+    # made their untimed first product at this shape
+    module.TRIALS[key] = ((lucky, steady), [[1.0] * (n - 1) + [1e-9], [0.01] * (n - 1)],
+                          {(0, x.shape), (1, x.shape)})
+    with torch.no_grad():
+        assert torch.equal(module.trial(key, x, w), x @ w)  # steady's last timed product
+    assert key not in module.TRIALS and module.KERNELS[key] is steady
+
+
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch without oneDNN")
 def test_prepacked_weights_are_kept_and_renewed(compiled):
     """PREPACK: project() adds the candidate that keeps each parameter's weight reordered
