@@ -66,14 +66,12 @@ class ConfigFile:
     data: dict
 
     @property
-    def architectures(self) -> list[str]:
-        names = self.data.get("architectures")
-        return [a for a in names if isinstance(a, str)] if isinstance(names, list) else []
+    def architectures(self) -> list[str]:  # (read_config checked its kind)
+        return self.data.get("architectures") or []
 
     @property
     def model_type(self) -> str | None:
-        kind = self.data.get("model_type")
-        return kind if isinstance(kind, str) else None
+        return self.data.get("model_type")
 
     def describe(self) -> str:
         """`LlamaForCausalLM, model_type "llama"`: what the file says it is, its strings
@@ -132,12 +130,9 @@ def read_config(folder: str | os.PathLike) -> ConfigFile:
     try:
         value = json.loads(text, object_pairs_hook=_no_twice)
     except json.JSONDecodeError as e:
-        from .errors import Sources
-        err = FgcError(f"{path} is not JSON: {e.msg}", Span(path, e.lineno, e.colno),
-                       "a model folder's config.json is what save_pretrained writes")
-        err.sources = Sources()  # type: ignore[attr-defined]
-        err.sources.add(path, text)
-        raise err from None
+        raise _quoting(FgcError(f"{path} is not JSON: {e.msg}", Span(path, e.lineno, e.colno),
+                                "a model folder's config.json is what save_pretrained writes"),
+                       path, text) from None
     except _Twice as e:
         raise FgcError(f"{path} holds the key `{e.args[0]}` twice", None,
                        "which value is meant is not clear; keep one") from None
@@ -148,20 +143,24 @@ def read_config(folder: str | os.PathLike) -> ConfigFile:
     config = ConfigFile(path, text, value)
     # what the file says it is, which chooses the spec: of the kinds transformers writes,
     # or an error (never read past, as a string for `architectures` would be)
-    names, kind = value.get("architectures"), value.get("model_type")
-    bad = ("architectures" if names is not None and not (
-        isinstance(names, list) and all(isinstance(a, str) for a in names)) else
-           "model_type" if kind is not None and not isinstance(kind, str) else None)
-    if bad is not None:
-        from .errors import Sources
-        err = FgcError(f"config.json's `{bad}` is {show_json(value[bad])}, not "
-                       + ("a list of class names" if bad == "architectures" else "a string"),
-                       config.span([bad]), "save_pretrained writes "
-                       + ('["LlamaForCausalLM"]' if bad == "architectures" else '"llama"'))
-        err.sources = Sources()  # type: ignore[attr-defined]
-        err.sources.add(path, text)
-        raise err
+    for key, fits, kind, written in (
+            ("architectures", lambda v: isinstance(v, list) and all(isinstance(a, str)
+                                                                    for a in v),
+             "a list of class names", '["LlamaForCausalLM"]'),
+            ("model_type", lambda v: isinstance(v, str), "a string", '"llama"')):
+        if value.get(key) is not None and not fits(value[key]):
+            raise _quoting(FgcError(f"config.json's `{key}` is {show_json(value[key])}, not "
+                                    f"{kind}", config.span([key]),
+                                    f"save_pretrained writes {written}"), path, text)
     return config
+
+
+def _quoting(err: FgcError, path: str, text: str) -> FgcError:
+    """`err` with the file's text at hand, so that its message quotes the line."""
+    from .errors import Sources
+    err.sources = Sources()  # type: ignore[attr-defined]
+    err.sources.add(path, text)
+    return err
 
 
 class _Twice(Exception):

@@ -265,6 +265,21 @@ def format_monomial(mono: Monomial, coef: Fraction, mul: str = "*") -> str:
     return text
 
 
+def real_value(p: Poly, numbers: Mapping[str, float]) -> float | None:
+    """p as a float, given a number for each name in it (real hyperparameters); None where
+    one is missing or where exact arithmetic cannot take a number given (an infinite real
+    in an expression). A name alone is its number as given, `inf` included."""
+    names = p.symbols()
+    if not names <= numbers.keys():
+        return None
+    if len(names) == 1 and p == Poly.sym(next(iter(names))):
+        return float(numbers[next(iter(names))])
+    try:
+        return float(p.evaluate(numbers))
+    except (ArithmeticError, ValueError):
+        return None
+
+
 def format_poly(p: Poly, mul: str = "*") -> str:
     """`12*L*H^2 + 9*L*H - 3`: terms by falling degree, symbols case-insensitively sorted."""
     if not p.terms:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from ..elaborate import ir
 from ..elaborate.intrinsics import intrinsic, is_kind
 from ..elaborate.ir import Eqn, Loop
-from ..elaborate.symbolic import Poly
+from ..elaborate.symbolic import Poly, real_value
 from ..errors import Diagnostic
 from ..passes.families import grouped, maps
 from . import rotary
@@ -232,13 +232,8 @@ def index_maps(model: ir.Model, functions: dict[str, ir.Function], values: dict,
         if isinstance(c, Poly):
             numbers = {**reals, **{k: float(v) for k, v in env.items()
                                    if isinstance(v, (int, float))}}
-            c = c.subs({k: v for k, v in env.items() if isinstance(v, Poly)})
-            if not c.symbols() <= numbers.keys():
-                return None
-            try:
-                return float(c.evaluate(numbers))
-            except (ArithmeticError, ValueError):  # a non-finite real: not judged here
-                return None
+            return real_value(c.subs({k: v for k, v in env.items() if isinstance(v, Poly)}),
+                              numbers)
         return float(c) if isinstance(c, (int, float)) else None
 
     def undefined(e: Eqn, types: dict, env: dict, use) -> None:
@@ -332,16 +327,10 @@ def _at_use(v, env: dict):
     if not isinstance(v, Poly):
         return v
     v = v.subs(env)
-    names = v.symbols()
-    numbers = {s: float(env[s]) for s in names if isinstance(env.get(s), (int, float))}
-    if not names or names - numbers.keys():
-        return v
-    if len(names) == 1 and v == Poly.sym(next(iter(names))):  # passed on as it is (inf too)
-        return numbers[next(iter(names))]
-    try:
-        return float(v.evaluate(numbers))
-    except (ArithmeticError, ValueError):  # a non-finite real in an expression: left named
-        return v
+    if not v.symbols():
+        return v  # a size
+    number = real_value(v, {k: x for k, x in env.items() if isinstance(x, (int, float))})
+    return v if number is None else number
 
 
 def _number(x) -> str:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from ..elaborate import ir
 from ..elaborate.intrinsics import SCALINGS, intrinsic
-from ..elaborate.symbolic import Poly
+from ..elaborate.symbolic import Poly, real_value
 from ..errors import Diagnostic
 
 
@@ -148,8 +148,8 @@ def values(e: ir.Eqn, fn: ir.Function, inner: dict, label: str, outer: str | Non
     known = {}
     for k in ("theta", *SCALINGS[i.scaling]):
         x = inner.get(k)
-        if isinstance(x, Poly) and x.symbols() <= reals.keys():
-            known[k] = float(x.evaluate(reals))
+        if isinstance(x, Poly) and (number := real_value(x, reals)) is not None:
+            known[k] = number
         elif isinstance(x, (int, float)):
             known[k] = float(x)
     via = f" (from the use at {outer})" if outer else ""

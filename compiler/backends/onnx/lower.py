@@ -36,7 +36,7 @@ from ...elaborate import ir
 from ...elaborate.elaborator import guard_holds
 from ...elaborate.intrinsics import intrinsic
 from ...elaborate.ir import Ell, Eqn, Operand, sequence_symbols
-from ...elaborate.symbolic import Atom, Poly, format_poly
+from ...elaborate.symbolic import Atom, Poly, format_poly, real_value
 from ...lazy import Lazy
 from ...lowering import prepare
 from ...lowering.families import has_params, in_order, picks
@@ -353,13 +353,11 @@ class Lowerer:
         out = x.subs({k: v for k, v in env.items() if isinstance(v, Poly)})
         reals = {k: v for k, v in env.items() if isinstance(v, float)}
         if out.symbols() & reals.keys():
-            if len(out.symbols()) == 1 and out == Poly.sym(next(iter(out.symbols()))):
-                return reals[next(iter(out.symbols()))]  # as it is, `inf` too
-            try:
-                return float(out.evaluate({**reals}))
-            except (ArithmeticError, ValueError):  # exact arithmetic on an infinite real
-                raise Unsupported(f"{format_poly(x)} computes with an infinite real "
-                                  "hyperparameter") from None
+            number = real_value(out, reals)
+            if number is None:  # exact arithmetic on an infinite real, say
+                raise Unsupported(f"{format_poly(x)} has no number from the real "
+                                  "hyperparameters here")
+            return number
         return out
 
     # ---------------------------------------------------------------- parameters
